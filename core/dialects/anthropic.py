@@ -1,0 +1,168 @@
+"""Anthropic Messages: ``{"role": "user"|"assistant", "content": str | [blocks]}``.
+
+Blocks: ``text``, ``image``, ``document``, ``tool_use``, ``tool_result`` (content a string
+or blocks), ``thinking`` (signed), ``redacted_thinking``, server tool blocks. Some clients
+put ``{"role": "system"}`` messages in the array; they are accepted in the head only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import orjson
+
+from ..errors import ValidationError
+from .base import Dialect, Part, head_tail
+
+__all__ = ["AnthropicDialect"]
+
+_OPAQUE = frozenset({"redacted_thinking"})
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _result_text(content: Any) -> tuple[str, bool]:
+    """Text of a tool_result's content, and whether it held an image."""
+    if isinstance(content, str):
+        return content, False
+    texts: list[str] = []
+    image = False
+    for block in content or ():
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "text":
+            texts.append(str(block.get("text", "")))
+        elif block.get("type") == "image":
+            image = True
+    return "\n".join(texts), image
+
+
+def _block_part(block: Any) -> Part:
+    if not isinstance(block, dict):
+        return Part("other")
+    kind = block.get("type")
+    if kind == "text":
+        return Part("text", str(block.get("text", "")))
+    if kind == "thinking":
+        return Part("thinking", str(block.get("thinking", "")), opaque=True)
+    if kind in _OPAQUE:
+        return Part("thinking", "", opaque=True)
+    if kind in ("tool_use", "server_tool_use"):
+        return Part("tool_call", _json(block.get("input", {})), str(block.get("name", "")),
+                    str(block.get("id", "")))
+    if kind == "tool_result":
+        text, _ = _result_text(block.get("content", ""))
+        return Part("tool_result", text, ref=str(block.get("tool_use_id", "")))
+    if kind in ("image", "document"):
+        return Part("image")
+    return Part("other")
+
+
+def _truncate_block(block: Any, max_chars: int) -> Any:
+    if not isinstance(block, dict):
+        return block
+    kind = block.get("type")
+    if kind == "text":
+        text = str(block.get("text", ""))
+        return block if len(text) <= max_chars else {**block, "text": head_tail(text, max_chars)}
+    if kind == "tool_result":
+        content = block.get("content", "")
+        if isinstance(content, str):
+            if len(content) <= max_chars:
+                return block
+            return {**block, "content": head_tail(content, max_chars)}
+        new = [_truncate_block(b, max_chars) for b in content or ()]
+        if all(a is b for a, b in zip(new, content or ())):
+            return block
+        return {**block, "content": new}
+    return block
+
+
+class AnthropicDialect(Dialect):
+    """Messages of the Anthropic Messages API."""
+
+    name: ClassVar[str] = "anthropic"
+
+    def role(self, message: Any) -> str:
+        role = message.get("role", "")
+        if role == "user" and self._only_results(message):
+            return "tool"
+        return str(role)
+
+    @staticmethod
+    def _only_results(message: Any) -> bool:
+        content = message.get("content")
+        if not isinstance(content, list) or not content:
+            return False
+        return all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+
+    def tool_call_ids(self, message: Any) -> tuple[str, ...]:
+        content = message.get("content")
+        if message.get("role") != "assistant" or not isinstance(content, list):
+            return ()
+        return tuple(
+            str(b.get("id")) for b in content
+            if isinstance(b, dict) and b.get("type") == "tool_use"
+        )
+
+    def tool_result_ids(self, message: Any) -> tuple[str, ...]:
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
+            return ()
+        return tuple(
+            str(b.get("tool_use_id")) for b in content
+            if isinstance(b, dict) and b.get("type") == "tool_result"
+        )
+
+    def parts(self, message: Any) -> list[Part]:
+        content = message.get("content", "")
+        if isinstance(content, str):
+            return [Part("text", content)]
+        if not isinstance(content, list):
+            return []
+        return [_block_part(b) for b in content]
+
+    def text_message(self, text: str, role: str = "user") -> Any:
+        return {"role": role, "content": [{"type": "text", "text": text}]}
+
+    def truncate(self, message: Any, max_chars: int) -> Any:
+        content = message.get("content", "")
+        if isinstance(content, str):
+            if len(content) <= max_chars:
+                return message
+            return {**message, "content": head_tail(content, max_chars)}
+        if not isinstance(content, list):
+            return message
+        new = [_truncate_block(b, max_chars) for b in content]
+        if all(a is b for a, b in zip(new, content)):
+            return message
+        return {**message, "content": new}
+
+    def check_shape(self, message: Any, index: int) -> None:
+        super().check_shape(message, index)
+        if message.get("role") not in ("user", "assistant", "system"):
+            raise ValidationError(
+                f"anthropic: message {index} has role {message.get('role')!r}; "
+                "expected 'user' or 'assistant'",
+                index,
+            )
+
+    def check_order(self, messages: Sequence[Any]) -> None:
+        seen_other = False
+        for i, message in enumerate(messages):
+            role = message.get("role")
+            if role == "system":
+                if seen_other:
+                    raise ValidationError(
+                        f"anthropic: system message at {i} after the conversation started", i
+                    )
+                continue
+            if not seen_other and role != "user":
+                raise ValidationError(
+                    f"anthropic: the first message must be a user message, got {role!r} at {i}",
+                    i,
+                )
+            seen_other = True

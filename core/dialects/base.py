@@ -1,0 +1,170 @@
+"""The dialect interface: pure functions over native messages of one wire format.
+
+A dialect never converts messages. The engine reads them through it (role, tool-call ids,
+text parts, digest) and builds only its own compaction message and truncated copies;
+every kept message passes through by reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import orjson
+
+from ..errors import DialectError, ValidationError
+from ..markers import elision, is_marked
+
+__all__ = ["Dialect", "Part", "digest_of", "head_tail", "head_tail_spans"]
+
+_VOLATILE_KEYS = frozenset({"cache_control"})
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One piece of a message's content, as the engine sees it.
+
+    ``kind`` is ``text``, ``thinking``, ``tool_call``, ``tool_result``, ``image`` or
+    ``other``. ``text`` is the verbatim text (for a tool call: its arguments as JSON;
+    for an image or an opaque item: empty). ``name`` is a tool's name, ``ref`` a tool-call
+    id. ``opaque`` marks content that must be passed byte-for-byte or not at all
+    (signed or encrypted reasoning).
+    """
+
+    kind: str
+    text: str = ""
+    name: str = ""
+    ref: str = ""
+    opaque: bool = False
+
+
+def _strip_volatile(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if _VOLATILE_KEYS.isdisjoint(obj) and not any(
+            isinstance(v, (dict, list)) for v in obj.values()
+        ):
+            return obj
+        return {k: _strip_volatile(v) for k, v in obj.items() if k not in _VOLATILE_KEYS}
+    if isinstance(obj, list):
+        return [_strip_volatile(v) for v in obj]
+    return obj
+
+
+def digest_of(message: Any) -> str:
+    """Canonical content digest of a JSON-able message; ``cache_control`` excluded."""
+    try:
+        data = orjson.dumps(_strip_volatile(message), option=orjson.OPT_SORT_KEYS)
+    except TypeError as exc:
+        raise DialectError(f"message is not JSON-serializable: {exc}") from exc
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def head_tail_spans(text: str, max_chars: int) -> tuple[str, int, str]:
+    """Split ``text`` for a head+tail cut: (head, omitted character count, tail)."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text, 0, ""
+    keep = max(max_chars, 2)
+    head = keep * 2 // 3
+    tail = keep - head
+    return text[:head], len(text) - head - tail, text[len(text) - tail :]
+
+
+def head_tail(text: str, max_chars: int, inline: bool = False) -> str:
+    """``text`` cut to about ``max_chars``: its head and tail with an elision marker."""
+    head, omitted, tail = head_tail_spans(text, max_chars)
+    if not omitted:
+        return text
+    return head + elision(omitted, inline) + tail
+
+
+class Dialect:
+    """Base class of message dialects. Subclasses set ``name`` and implement the hooks.
+
+    Native messages are treated as immutable values: no method mutates its argument.
+    """
+
+    name: ClassVar[str] = ""
+    messages_key: ClassVar[str] = "messages"
+    #: roles a compaction message may not directly follow (checked by the engine)
+    model_roles: ClassVar[frozenset[str]] = frozenset({"assistant"})
+
+    # --- reading one message -----------------------------------------------------
+    def role(self, message: Any) -> str:
+        """``system``, ``developer``, ``user``, ``assistant`` or ``tool``."""
+        raise NotImplementedError
+
+    def is_model_output(self, message: Any) -> bool:
+        """True for an item the model produced (it belongs to an assistant step)."""
+        return self.role(message) == "assistant"
+
+    def tool_call_ids(self, message: Any) -> tuple[str, ...]:
+        """Ids of the tool calls this message issues."""
+        raise NotImplementedError
+
+    def tool_result_ids(self, message: Any) -> tuple[str, ...]:
+        """Ids of the tool calls this message answers."""
+        raise NotImplementedError
+
+    def parts(self, message: Any) -> list[Part]:
+        """The message's content as parts, in order."""
+        raise NotImplementedError
+
+    def digest(self, message: Any) -> str:
+        """Canonical content digest (volatile fields such as ``cache_control`` excluded)."""
+        return digest_of(message)
+
+    def text_of(self, message: Any) -> str:
+        """All verbatim text of the message joined by newlines (for counting, search)."""
+        return "\n".join(p.text for p in self.parts(message) if p.text)
+
+    def is_synthetic(self, message: Any) -> bool:
+        """True when the message is a compaction or summary message agentcompact wrote."""
+        if self.role(message) != "user":
+            return False
+        for part in self.parts(message):
+            if part.kind == "text":
+                return is_marked(part.text)
+        return False
+
+    # --- building messages --------------------------------------------------------
+    def text_message(self, text: str, role: str = "user") -> Any:
+        """A new message of ``role`` holding ``text``."""
+        raise NotImplementedError
+
+    def truncate(self, message: Any, max_chars: int) -> Any:
+        """A copy of ``message`` whose long text parts keep head and tail only.
+
+        Tool-call ids, names and structure are preserved so pairing stays valid. Returns
+        the message itself (same object) when nothing is longer than ``max_chars``.
+        """
+        raise NotImplementedError
+
+    # --- request bodies -----------------------------------------------------------
+    def messages_of(self, body: dict[str, Any]) -> list[Any]:
+        """The message list of a request body."""
+        value = body.get(self.messages_key)
+        if not isinstance(value, list):
+            raise DialectError(
+                f"{self.name} request body has no list under {self.messages_key!r}"
+            )
+        return value
+
+    def with_messages(self, body: dict[str, Any], messages: list[Any]) -> dict[str, Any]:
+        """A shallow copy of ``body`` with its message list replaced."""
+        out = dict(body)
+        out[self.messages_key] = messages
+        return out
+
+    # --- validation ---------------------------------------------------------------
+    def check_order(self, messages: Sequence[Any]) -> None:
+        """Raise ``ValidationError`` for a role order the provider refuses."""
+
+    def check_shape(self, message: Any, index: int) -> None:
+        """Raise ``ValidationError`` when ``message`` is not a message of this dialect."""
+        if not isinstance(message, dict):
+            raise ValidationError(
+                f"{self.name}: message {index} is {type(message).__name__}, not a dict",
+                index,
+            )

@@ -1,0 +1,108 @@
+"""OpenAI Chat Completions: ``{"role", "content", "tool_calls", "tool_call_id", ...}``.
+
+Content is a string, ``None`` (assistant with tool calls) or a list of parts (``text``,
+``image_url``, ``input_audio``, ``file``, ``refusal``). ``reasoning_content`` (DeepSeek,
+vLLM) is read as thinking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from ..errors import ValidationError
+from .base import Dialect, Part, head_tail
+
+__all__ = ["OpenAIChatDialect"]
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def _content_parts(content: Any) -> list[Part]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [Part("text", content)]
+    parts: list[Part] = []
+    for item in content if isinstance(content, list) else ():
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "text":
+            parts.append(Part("text", str(item.get("text", ""))))
+        elif kind == "refusal":
+            parts.append(Part("text", str(item.get("refusal", ""))))
+        elif kind in ("image_url", "input_image", "file", "input_audio"):
+            parts.append(Part("image"))
+        else:
+            parts.append(Part("other"))
+    return parts
+
+
+def _truncate_content(content: Any, max_chars: int) -> Any:
+    if isinstance(content, str):
+        return content if len(content) <= max_chars else head_tail(content, max_chars)
+    if not isinstance(content, list):
+        return content
+    out = []
+    for item in content:
+        text = item.get("text") if isinstance(item, dict) else None
+        if item.get("type") == "text" and isinstance(text, str) and len(text) > max_chars:
+            item = {**item, "text": head_tail(text, max_chars)}
+        out.append(item)
+    return content if all(a is b for a, b in zip(out, content)) else out
+
+
+class OpenAIChatDialect(Dialect):
+    """Messages of the OpenAI Chat Completions API (and every compatible server)."""
+
+    name: ClassVar[str] = "openai_chat"
+
+    def role(self, message: Any) -> str:
+        role = str(message.get("role", ""))
+        return "tool" if role == "function" else role
+
+    def tool_call_ids(self, message: Any) -> tuple[str, ...]:
+        calls = message.get("tool_calls")
+        if not calls:
+            return ()
+        return tuple(str(c.get("id", "")) for c in calls if isinstance(c, dict))
+
+    def tool_result_ids(self, message: Any) -> tuple[str, ...]:
+        if message.get("role") != "tool":
+            return ()
+        return (str(message.get("tool_call_id", "")),)
+
+    def parts(self, message: Any) -> list[Part]:
+        parts: list[Part] = []
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            parts.append(Part("thinking", reasoning))
+        if message.get("role") == "tool":
+            texts = [p.text for p in _content_parts(message.get("content"))]
+            ref = str(message.get("tool_call_id", ""))
+            return [*parts, Part("tool_result", "\n".join(texts), ref=ref)]
+        parts.extend(_content_parts(message.get("content")))
+        for call in message.get("tool_calls") or ():
+            fn = call.get("function") or {}
+            parts.append(Part("tool_call", str(fn.get("arguments", "")), str(fn.get("name", "")),
+                              str(call.get("id", ""))))
+        return parts
+
+    def text_message(self, text: str, role: str = "user") -> Any:
+        return {"role": role, "content": text}
+
+    def truncate(self, message: Any, max_chars: int) -> Any:
+        content = message.get("content")
+        new = _truncate_content(content, max_chars)
+        return message if new is content else {**message, "content": new}
+
+    def check_shape(self, message: Any, index: int) -> None:
+        super().check_shape(message, index)
+        if message.get("role") not in _ROLES:
+            raise ValidationError(
+                f"openai_chat: message {index} has unknown role {message.get('role')!r}", index
+            )
+
+    def check_order(self, messages: Sequence[Any]) -> None:
+        # Tool messages must directly follow the assistant message that called them (or
+        # its other tool messages): checked by the generic pairing rule in turns.validate.
+        return None

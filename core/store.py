@@ -1,0 +1,120 @@
+"""The prefix store: original prefix → its compacted replacement.
+
+An entry is stored under the chain digest of the original prefix ``messages[:cut]`` it
+replaced, and holds the head length and the compaction message. A later call whose
+history starts with the same original prefix sends ``messages[:head_len] + [message] +
+messages[cut:]``: the compacted prefix is byte-identical until the next cliff, so provider
+prompt caches keep hitting. Kept messages that escalation truncated are stored as
+``overrides`` (index → truncated copy, with the original's digest as a guard).
+
+The store is a cache: compaction is deterministic, so an evicted entry is recomputed
+identically. ``InMemoryPrefixStore`` is an LRU bounded by entries and bytes; anything with
+``get(key)`` / ``put(key, entry)`` works (e.g. a Redis-backed store for several proxy
+workers: entries round-trip through ``to_dict`` / ``from_dict``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import orjson
+
+__all__ = ["InMemoryPrefixStore", "PrefixEntry", "PrefixStore", "chain_digests"]
+
+
+def chain_digests(digests: Sequence[str], start: Sequence[str] = ()) -> list[str]:
+    """``chain[i]`` identifies ``messages[:i+1]`` as a sequence; extends ``start``."""
+    chain = list(start)
+    prev = chain[-1].encode() if chain else b""
+    blake = hashlib.blake2b
+    for d in digests[len(chain):]:
+        prev = blake(prev + d.encode(), digest_size=16).hexdigest().encode()
+        chain.append(prev.decode())
+    return chain
+
+
+@dataclass(frozen=True)
+class PrefixEntry:
+    """A compacted replacement of ``messages[:cut]`` (see module docstring)."""
+
+    head_len: int
+    cut: int
+    message: Any
+    message_tokens: int
+    strategy: str
+    level: int = 0
+    overrides: dict[int, tuple[str, Any, int]] = field(default_factory=dict)
+    """index → (digest of the original, truncated copy, its tokens)"""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "head_len": self.head_len, "cut": self.cut, "message": self.message,
+            "message_tokens": self.message_tokens, "strategy": self.strategy,
+            "level": self.level,
+            "overrides": {str(k): list(v) for k, v in self.overrides.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrefixEntry:
+        overrides = {int(k): (v[0], v[1], int(v[2])) for k, v in data["overrides"].items()}
+        return cls(data["head_len"], data["cut"], data["message"], data["message_tokens"],
+                   data["strategy"], data.get("level", 0), overrides)
+
+    def nbytes(self) -> int:
+        return len(orjson.dumps(self.message)) + sum(
+            len(orjson.dumps(v[1])) for v in self.overrides.values()
+        )
+
+
+@runtime_checkable
+class PrefixStore(Protocol):
+    """Where compacted prefixes are kept. Must be safe to call from several threads."""
+
+    def get(self, key: str) -> PrefixEntry | None: ...
+
+    def put(self, key: str, entry: PrefixEntry) -> None: ...
+
+
+class InMemoryPrefixStore:
+    """Thread-safe LRU store bounded by entry count and serialized bytes."""
+
+    def __init__(self, max_entries: int = 4096, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._data: OrderedDict[str, tuple[PrefixEntry, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> PrefixEntry | None:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is None:
+                return None
+            self._data.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: str, entry: PrefixEntry) -> None:
+        size = entry.nbytes()
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._data[key] = (entry, size)
+            self._bytes += size
+            while len(self._data) > 1 and (
+                len(self._data) > self._max_entries or self._bytes > self._max_bytes
+            ):
+                _, (_, evicted) = self._data.popitem(last=False)
+                self._bytes -= evicted
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes

@@ -1,0 +1,8 @@
+"""Compaction strategies, one per module; registered as default plugins."""
+
+from __future__ import annotations
+
+from .base import CompactionRequest, Rendered, Strategy
+from .cliff import CliffLevel, CliffStrategy
+
+__all__ = ["CliffLevel", "CliffStrategy", "CompactionRequest", "Rendered", "Strategy"]

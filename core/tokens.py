@@ -1,0 +1,215 @@
+"""Token accounting: counters and a per-message cache.
+
+Three counters ship: ``TiktokenCounter`` (default, ``o200k_base``), ``HFTokenizerCounter``
+(a Hugging Face tokenizer, extra ``hf``) and ``CharEstimateCounter`` (chars/4, what many
+peers use; it under-counts JSON-heavy contexts).
+
+A message's size is the tokens of its verbatim text parts (text, thinking, tool-call
+arguments, tool results) plus ``MESSAGE_OVERHEAD`` tokens for the role and framing, plus
+``IMAGE_TOKENS`` per image. ``MessageMeter`` caches sizes twice: by object identity (a
+history that grew by one message costs one message) and by content digest (a request
+parsed afresh from JSON costs a digest per message, not a tokenization).
+
+Offline use: tiktoken downloads its BPE files on first use. On a machine without
+internet, point ``TIKTOKEN_CACHE_DIR`` at a folder holding them (file names are tiktoken's
+cache keys; ``llama-index-core`` ships both files in ``llama_index/core/_static/tiktoken_cache``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .errors import ConfigError, TokenizerError
+
+if TYPE_CHECKING:
+    from .dialects.base import Dialect
+
+__all__ = [
+    "IMAGE_TOKENS",
+    "MESSAGE_OVERHEAD",
+    "CharEstimateCounter",
+    "HFTokenizerCounter",
+    "MessageMeter",
+    "Measured",
+    "TiktokenCounter",
+    "TokenCounter",
+    "make_counter",
+]
+
+MESSAGE_OVERHEAD = 4
+IMAGE_TOKENS = 1600
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts tokens of text. ``name`` identifies it in caches and reports."""
+
+    name: str
+
+    def count_texts(self, texts: Sequence[str]) -> list[int]:
+        """Token counts of each text, in order."""
+        ...
+
+
+class TiktokenCounter:
+    """tiktoken BPE counting (``o200k_base`` by default: GPT-4o/4.1/5, a fair proxy for
+    Claude and most open models)."""
+
+    def __init__(self, encoding: str = "o200k_base") -> None:
+        try:
+            import tiktoken
+
+            self._enc = tiktoken.get_encoding(encoding)
+        except Exception as exc:  # tiktoken raises bare errors when it cannot download
+            raise TokenizerError(
+                f"cannot load tiktoken encoding {encoding!r}: {exc}. Offline? Set "
+                "TIKTOKEN_CACHE_DIR to a folder holding its BPE file (see docs/tokens.md)"
+            ) from exc
+        self.name = f"tiktoken:{encoding}"
+
+    def count_texts(self, texts: Sequence[str]) -> list[int]:
+        encode = self._enc.encode_ordinary
+        if len(texts) > 16 and sum(map(len, texts)) > 1_000_000:
+            return [len(ids) for ids in self._enc.encode_ordinary_batch(list(texts))]
+        return [len(encode(t)) if t else 0 for t in texts]
+
+
+class HFTokenizerCounter:
+    """Counts with a Hugging Face tokenizer (``tokenizers`` fast tokenizer; extra ``hf``).
+
+    ``name_or_path`` is a local folder holding ``tokenizer.json`` or a hub name.
+    """
+
+    def __init__(self, name_or_path: str) -> None:
+        try:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(name_or_path)
+        except ImportError as exc:
+            raise TokenizerError(
+                "HFTokenizerCounter needs the 'hf' extra: pip install 'agentcompact[hf]'"
+            ) from exc
+        except Exception as exc:
+            raise TokenizerError(f"cannot load tokenizer {name_or_path!r}: {exc}") from exc
+        self.name = f"hf:{name_or_path}"
+
+    def count_texts(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        enc = self._tok(list(texts), add_special_tokens=False)["input_ids"]
+        return [len(ids) for ids in enc]
+
+
+class CharEstimateCounter:
+    """chars/4, rounded up: no tokenizer, no accuracy (JSON and code run ~20% over)."""
+
+    name = "chars/4"
+
+    def count_texts(self, texts: Sequence[str]) -> list[int]:
+        return [(len(t) + 3) // 4 for t in texts]
+
+
+def make_counter(spec: str | TokenCounter | None) -> TokenCounter:
+    """A counter from a spec: ``None``/``"tiktoken"`` (o200k_base),
+    ``"tiktoken:cl100k_base"``, ``"hf:PATH_OR_NAME"``, ``"chars"``, or a counter object."""
+    if spec is None or spec == "tiktoken":
+        return TiktokenCounter()
+    if not isinstance(spec, str):
+        if not isinstance(spec, TokenCounter):
+            raise ConfigError(f"counter {spec!r} has no count_texts(texts) method")
+        return spec
+    if spec.startswith("tiktoken:"):
+        return TiktokenCounter(spec.split(":", 1)[1])
+    if spec.startswith("hf:"):
+        return HFTokenizerCounter(spec.split(":", 1)[1])
+    if spec in ("chars", "chars/4"):
+        return CharEstimateCounter()
+    raise ConfigError(
+        f"unknown counter {spec!r}: use 'tiktoken', 'tiktoken:ENCODING', 'hf:PATH', 'chars'"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """Digests and token counts of a message list, index-aligned."""
+
+    digests: list[str]
+    tokens: list[int]
+
+
+class MessageMeter:
+    """Digests and sizes of messages, cached by identity and by digest.
+
+    The identity cache holds a reference to each message it saw, so an ``id`` is never
+    reused while cached. Messages are treated as immutable values once measured: a message
+    mutated in place after a call is seen as unchanged until evicted (``clear()`` forgets).
+    """
+
+    def __init__(self, counter: TokenCounter, dialect: Dialect, max_entries: int = 200_000):
+        self.counter = counter
+        self.dialect = dialect
+        self._max = max_entries
+        self._by_id: OrderedDict[int, tuple[Any, str, int]] = OrderedDict()
+        self._by_digest: OrderedDict[str, int] = OrderedDict()
+
+    def clear(self) -> None:
+        self._by_id.clear()
+        self._by_digest.clear()
+
+    def measure(self, messages: Sequence[Any]) -> Measured:
+        digests: list[str] = []
+        tokens: list[int] = []
+        missing: list[int] = []
+        by_id = self._by_id
+        for i, message in enumerate(messages):
+            hit = by_id.get(id(message))
+            if hit is not None and hit[0] is message:
+                digests.append(hit[1])
+                tokens.append(hit[2])
+                continue
+            digest = self.dialect.digest(message)
+            digests.append(digest)
+            count = self._by_digest.get(digest)
+            if count is None:
+                missing.append(i)
+                count = -1
+            tokens.append(count)
+            if count >= 0:
+                self._remember(message, digest, count)
+        if missing:
+            self._count_missing(messages, missing, digests, tokens)
+        return Measured(digests, tokens)
+
+    def count(self, message: Any) -> int:
+        """Tokens of one message (cached)."""
+        return self.measure([message]).tokens[0]
+
+    def _count_missing(
+        self, messages: Sequence[Any], missing: list[int], digests: list[str], tokens: list[int]
+    ) -> None:
+        texts: list[str] = []
+        images: list[int] = []
+        for i in missing:
+            parts = self.dialect.parts(messages[i])
+            texts.append("\n".join(p.text for p in parts if p.text))
+            images.append(sum(1 for p in parts if p.kind == "image"))
+        counts = self.counter.count_texts(texts)
+        for i, count, n_images in zip(missing, counts, images):
+            total = count + MESSAGE_OVERHEAD + n_images * IMAGE_TOKENS
+            tokens[i] = total
+            self._by_digest[digests[i]] = total
+            self._remember(messages[i], digests[i], total)
+        while len(self._by_digest) > self._max:
+            self._by_digest.popitem(last=False)
+
+    def _remember(self, message: Any, digest: str, count: int) -> None:
+        self._by_id[id(message)] = (message, digest, count)
+        if len(self._by_id) > self._max:
+            self._by_id.popitem(last=False)
+
+    def count_text_message(self, text: str) -> int:
+        """Tokens of a text message (no caching: used for compaction messages)."""
+        return self.counter.count_texts([text])[0] + MESSAGE_OVERHEAD

@@ -1,0 +1,23 @@
+"""Shared test fixtures: where the shared data lives, offline tiktoken."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: ../shared/data beside the project root (CI lays it there); absent in a user's clone.
+SHARED_DATA = Path(os.environ.get("AGENTCOMPACT_SHARED_DATA", ROOT.parent / "shared" / "data"))
+TRAJECTORIES = SHARED_DATA / "trajectories"
+QWEN_TOKENIZER = SHARED_DATA / "tokenizers" / "qwen2.5-coder-0.5b-instruct"
+
+if "TIKTOKEN_CACHE_DIR" not in os.environ and (SHARED_DATA / "tiktoken").is_dir():
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(SHARED_DATA / "tiktoken")
+
+
+def needs_shared_data(*parts: str) -> pytest.MarkDecorator:
+    """Skip unless ``../shared/data/<parts>`` exists."""
+    path = SHARED_DATA.joinpath(*parts)
+    return pytest.mark.skipif(not path.exists(), reason=f"shared data absent: {path}")
