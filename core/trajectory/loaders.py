@@ -302,7 +302,7 @@ def _sniff(path: Path, doc: Any) -> str:
 
 def _sniff_lines(path: Path, doc: _Lines) -> str:
     number, first = doc.records[0]
-    if isinstance(first, dict) and first.get("type") in _CC_TYPES and "role" not in first:
+    if any(_is_claude_code_record(record) for _, record in doc.records[:20]):
         return "claude_code"
     if isinstance(first, dict) and ("role" in first or "type" in first):
         return _guess_dialect(path, [value for _, value in doc.records], None)
@@ -310,6 +310,12 @@ def _sniff_lines(path: Path, doc: _Lines) -> str:
         f"{path}:{number}: unknown JSON Lines format (neither a Claude Code record nor a "
         f"message: {_kind(first)})"
     )
+
+
+def _is_claude_code_record(record: Any) -> bool:
+    if not isinstance(record, dict) or "role" in record:
+        return False
+    return "sessionId" in record or record.get("type") in _CC_TYPES
 
 
 def _sniff_object(path: Path, doc: dict[str, Any]) -> str:

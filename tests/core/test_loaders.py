@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agentcompact.dialects import AnthropicDialect, OpenAIChatDialect
 from agentcompact.errors import ConfigError, TornLineError, TrajectoryError
 from agentcompact.trajectory import (
     Trajectory,
@@ -17,6 +18,7 @@ from agentcompact.trajectory import (
     load,
     tau_bench_groups,
 )
+from agentcompact.turns import validate
 
 from tests.conftest import TRAJECTORIES, needs_shared_data
 
@@ -101,6 +103,15 @@ def test_every_shared_file_loads_or_is_skipped_with_a_reason() -> None:
     assert Counter(t.format for t in runs) == {
         "claude_code": 14, "mini_swe_agent": 21, "swe_agent": 22, "tau_bench": 200,
     }
+
+
+@needs_shared_data("trajectories")
+def test_every_loaded_run_passes_the_dialect_validator(shared_runs: list[Trajectory]) -> None:
+    dialects = {"anthropic": AnthropicDialect(), "openai_chat": OpenAIChatDialect()}
+    for traj in shared_runs:
+        # a run may end on a call never run (mini-swe-agent's submit): allow_pending
+        validate(traj.messages, dialects[traj.dialect], allow_pending=True)
+        validate(traj.final_context(), dialects[traj.dialect], allow_pending=True)
 
 
 @needs_shared_data("trajectories")
@@ -378,3 +389,12 @@ def test_iter_trajectories_strict_and_lenient(tmp_path: Path) -> None:
     assert [p.name for p, _ in skipped] == ["bad.json"]
     with pytest.raises(TrajectoryError, match="no such file"):
         list(iter_trajectories(tmp_path / "missing"))
+
+
+def test_claude_code_is_recognised_past_an_unknown_first_record(tmp_path: Path) -> None:
+    user = {"type": "user", "sessionId": "s", "message": {"role": "user", "content": "hi"}}
+    path = _write(tmp_path, "s.jsonl", _jsonl({"type": "custom-title", "title": "t"}, user))
+    assert detect_format(path) == "claude_code"
+    (traj,) = load(path)
+    assert traj.messages == [{"role": "user", "content": "hi"}]
+    assert traj.metadata["session_id"] == "s"
