@@ -1,0 +1,1 @@
+"""Adapters between agentcompact and agent frameworks, SDKs and provider wire protocols."""
