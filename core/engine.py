@@ -346,16 +346,26 @@ class Engine:
             if excess <= 0 or tokens <= _TRUNCATE_FLOOR:
                 break
             message = view.messages[i]
-            chars = len(self.dialect.text_of(message))
             keep_tokens = max(_TRUNCATE_FLOOR // 2, tokens - excess)
-            copy = self.dialect.truncate(message, max(200, chars * keep_tokens // tokens))
+            copy, new_tokens = self._shrink(message, tokens, keep_tokens)
             if copy is message:
                 continue
-            new_tokens = self.meter.count(copy)
             overrides[i] = (view.digests[i], copy, new_tokens)
             excess -= tokens - new_tokens
         return PrefixEntry(entry.head_len, entry.cut, entry.message, entry.message_tokens,
                            entry.strategy, entry.level, overrides)
+
+    def _shrink(self, message: Any, tokens: int, keep_tokens: int) -> tuple[Any, int]:
+        """Head+tail truncate ``message`` to about ``keep_tokens`` (a few refinements)."""
+        chars = max(200, len(self.dialect.text_of(message)) * keep_tokens // max(tokens, 1))
+        copy, size = message, tokens
+        for _ in range(4):
+            copy = self.dialect.truncate(message, chars)
+            size = self.meter.count(copy) if copy is not message else tokens
+            if size <= keep_tokens or chars <= 200:
+                break
+            chars = max(200, chars * keep_tokens // size - 16)
+        return copy, size
 
     def _event(
         self, view: _View, state: _State, before: int, after: int, head_len: int, cut: int,

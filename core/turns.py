@@ -60,11 +60,12 @@ def validate(messages: Sequence[Any], dialect: Dialect, *, allow_pending: bool =
     is answered before the model speaks again (and before the end, unless
     ``allow_pending``: an agent state may end with calls not yet run).
     """
+    for i, message in enumerate(messages):
+        dialect.check_shape(message, i)
     dialect.check_order(messages)
     pending: dict[str, int] = {}
     previous_model = False
     for i, message in enumerate(messages):
-        dialect.check_shape(message, i)
         model = dialect.is_model_output(message)
         if model and not previous_model and pending:
             _unanswered(pending, dialect, i)

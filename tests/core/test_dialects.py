@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from agentcompact import get_dialect, new_plugin_manager
+from agentcompact.dialects import AnthropicDialect, OpenAIChatDialect, OpenAIResponsesDialect
+from agentcompact.errors import ConfigError, DialectError
+from agentcompact.markers import COMPACTION_HEADER
+
+from .histories import build
+
+DIALECTS = ["openai_chat", "anthropic", "openai_responses"]
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_registered_by_name(name: str) -> None:
+    assert get_dialect(name, new_plugin_manager()).name == name
+
+
+def test_unknown_dialect_names_the_registered_ones() -> None:
+    with pytest.raises(ConfigError, match="unknown dialect 'gemini'.*anthropic"):
+        get_dialect("gemini", new_plugin_manager())
+
+
+def test_anthropic_reads_blocks() -> None:
+    d = AnthropicDialect()
+    assistant = {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "hmm", "signature": "s1"},
+        {"type": "redacted_thinking", "data": "xyz"},
+        {"type": "text", "text": "Running."},
+        {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}},
+        {"type": "tool_use", "id": "t2", "name": "Read", "input": {"file_path": "a.py"}},
+    ]}
+    results = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "a.py"},
+        {"type": "tool_result", "tool_use_id": "t2",
+         "content": [{"type": "text", "text": "print(1)"}, {"type": "image", "source": {}}]},
+    ]}
+    assert d.role(assistant) == "assistant" and d.role(results) == "tool"
+    assert d.tool_call_ids(assistant) == ("t1", "t2")
+    assert d.tool_result_ids(results) == ("t1", "t2")
+    kinds = [p.kind for p in d.parts(assistant)]
+    assert kinds == ["thinking", "thinking", "text", "tool_call", "tool_call"]
+    assert d.parts(assistant)[3].text == '{"command":"ls"}'
+    assert [p.text for p in d.parts(results)] == ["a.py", "print(1)"]
+    assert d.role({"role": "user", "content": "hi"}) == "user"
+
+
+def test_openai_chat_reads_tool_calls_and_reasoning() -> None:
+    d = OpenAIChatDialect()
+    m = {"role": "assistant", "content": None, "reasoning_content": "think",
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "bash", "arguments": "{\"cmd\": \"ls\"}"}}]}
+    assert d.tool_call_ids(m) == ("c1",)
+    assert [(p.kind, p.text) for p in d.parts(m)] == [
+        ("thinking", "think"), ("tool_call", "{\"cmd\": \"ls\"}")]
+    tool = {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "x"}]}
+    assert d.tool_result_ids(tool) == ("c1",) and d.parts(tool)[0].text == "x"
+    image = {"role": "user", "content": [{"type": "text", "text": "see"},
+                                          {"type": "image_url", "image_url": {"url": "data:"}}]}
+    assert [p.kind for p in d.parts(image)] == ["text", "image"]
+
+
+def test_responses_items() -> None:
+    d = OpenAIResponsesDialect()
+    reasoning = {"type": "reasoning", "id": "rs", "summary": [], "encrypted_content": "gAAA"}
+    call = {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"}
+    out = {"type": "function_call_output", "call_id": "c1", "output": "done"}
+    short = {"role": "user", "content": "hi"}
+    assert [d.role(x) for x in (reasoning, call, out, short)] == [
+        "assistant", "assistant", "tool", "user"]
+    assert d.parts(reasoning)[0].opaque
+    assert d.tool_call_ids(call) == ("c1",) and d.tool_result_ids(out) == ("c1",)
+    assert d.messages_of({"input": "hello"}) == [{"role": "user", "content": "hello"}]
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_digest_ignores_cache_control(name: str) -> None:
+    d = get_dialect(name, new_plugin_manager())
+    m = d.text_message("hello")
+    marked = copy.deepcopy(m)
+    if isinstance(marked["content"], list):
+        marked["content"][0]["cache_control"] = {"type": "ephemeral"}
+    else:
+        marked["cache_control"] = {"type": "ephemeral"}
+    assert d.digest(m) == d.digest(marked)
+    assert d.digest(m) != d.digest(d.text_message("hello!"))
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_truncate_copies_and_keeps_ids(name: str) -> None:
+    d = get_dialect(name, new_plugin_manager())
+    history = build(name, [(10, [5000, 30], 0)])
+    original = copy.deepcopy(history)
+    for m in history:
+        t = d.truncate(m, 300)
+        assert d.tool_result_ids(t) == d.tool_result_ids(m)
+        assert d.tool_call_ids(t) == d.tool_call_ids(m)
+        if len(d.text_of(m)) <= 300:
+            assert t is m
+        else:
+            assert t is not m and "chars omitted" in d.text_of(t)
+            assert len(d.text_of(t)) < 400
+    assert history == original
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_synthetic_message_recognised(name: str) -> None:
+    d = get_dialect(name, new_plugin_manager())
+    assert d.is_synthetic(d.text_message(COMPACTION_HEADER + "\n\nx"))
+    assert not d.is_synthetic(d.text_message("hello " + COMPACTION_HEADER))
+
+
+def test_messages_of_rejects_a_body_without_messages() -> None:
+    with pytest.raises(DialectError, match="no list under 'messages'"):
+        AnthropicDialect().messages_of({"model": "x"})
+
+
+def test_with_messages_is_a_shallow_copy() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "a"}], "max_tokens": 5}
+    new = AnthropicDialect().with_messages(body, [])
+    assert new["messages"] == [] and body["messages"] and new["model"] == "m"
