@@ -1,0 +1,530 @@
+"""LangGraph and LangChain integration: a message dialect, a graph node, a pre-model hook,
+an agent middleware, and a callback handler that logs every model call for RL export.
+
+Install with ``pip install agentcompact[langgraph]``. Four ways in, one engine:
+
+- :class:`CompactionNode` — a ``StateGraph`` node (sync and async). It reads
+  ``state["messages"]`` and returns ``{"llm_input_messages": compacted}`` so the graph state
+  keeps the full history and only the model sees the compacted view; with
+  ``mode="rewrite"`` it rewrites the state itself
+  (``[RemoveMessage(id=REMOVE_ALL_MESSAGES), *compacted]``) when a compaction applies.
+- :func:`pre_model_hook` — the same node for ``langgraph.prebuilt.create_react_agent``.
+- :class:`CompactionMiddleware` — an ``AgentMiddleware`` for ``langchain.agents.create_agent``:
+  the model request is compacted in ``wrap_model_call``; state is left untouched; each model
+  call is logged.
+- :class:`ModelCallLogger` — a LangChain callback handler that fires
+  ``agentcompact_log_model_call`` for every chat-model call it sees (pass it in
+  ``config={"callbacks": [...]}``). Use it with the node or hook; the middleware logs by itself.
+
+Logged contexts are LangChain messages converted to OpenAI chat dicts
+(``langchain_core.messages.convert_to_openai_messages``), dialect ``openai_chat``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+from uuid import UUID
+
+import orjson
+import pluggy
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    convert_to_openai_messages,
+)
+from langchain_core.outputs import ChatGeneration, LLMResult
+from langchain_core.runnables import Runnable, RunnableConfig
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
+
+from ..budget import Budget
+from ..dialects.base import Dialect, Part, head_tail
+from ..engine import CompactionResult, Engine
+from ..errors import ConfigError, ValidationError
+from ..events import ModelCall, new_id
+from ..hookspecs import hookimpl
+from ..logging_hooks import log_model_call
+from ..store import InMemoryPrefixStore, PrefixEntry
+
+__all__ = [
+    "CompactionMiddleware",
+    "CompactionNode",
+    "LangChainDialect",
+    "ModelCallLogger",
+    "ObjectPrefixStore",
+    "agentcompact_register_dialects",
+    "model_call_from_langchain",
+    "pre_model_hook",
+]
+
+Mode = Literal["llm_input", "rewrite"]
+
+_ROLE_BY_TYPE = {
+    "ai": "assistant", "AIMessageChunk": "assistant",
+    "human": "user", "HumanMessageChunk": "user",
+    "system": "system", "SystemMessageChunk": "system",
+    "tool": "tool", "ToolMessageChunk": "tool",
+    "function": "tool", "FunctionMessageChunk": "tool",
+}
+_CHAT_ROLES = {"human": "user", "ai": "assistant", "model": "assistant"}
+_IMAGE_BLOCKS = frozenset({"image_url", "image", "file", "audio", "input_audio", "video"})
+_CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call", "server_tool_use"})
+_VOLATILE = frozenset({"cache_control", "id"})
+
+
+# --------------------------------------------------------------------------- the dialect
+
+
+def _block_part(block: Any) -> Part | None:
+    if isinstance(block, str):
+        return Part("text", block)
+    if not isinstance(block, Mapping):
+        return Part("other")
+    kind = block.get("type")
+    if kind == "text":
+        return Part("text", str(block.get("text", "")))
+    if kind == "thinking":
+        return Part("thinking", str(block.get("thinking", "")), opaque=bool(block.get("signature")))
+    if kind == "redacted_thinking":
+        return Part("thinking", "", opaque=True)
+    if kind == "reasoning":
+        text = block.get("reasoning")
+        if not isinstance(text, str):
+            summary = block.get("summary") or ()
+            text = "\n".join(str(s.get("text", "")) for s in summary if isinstance(s, Mapping))
+        opaque = bool(block.get("encrypted_content") or block.get("signature"))
+        return Part("thinking", text, opaque=opaque)
+    if kind in _IMAGE_BLOCKS:
+        return Part("image")
+    if kind in _CALL_BLOCKS:
+        return None  # represented once, from ``AIMessage.tool_calls``
+    return Part("other")
+
+
+def _content_parts(content: Any) -> list[Part]:
+    if isinstance(content, str):
+        return [Part("text", content)] if content else []
+    parts = (_block_part(b) for b in content) if isinstance(content, list) else ()
+    return [p for p in parts if p is not None]
+
+
+def _truncate_content(content: Any, max_chars: int) -> Any:
+    if isinstance(content, str):
+        return content if len(content) <= max_chars else head_tail(content, max_chars)
+    if not isinstance(content, list):
+        return content
+    out: list[Any] = []
+    for block in content:
+        if isinstance(block, str) and len(block) > max_chars:
+            block = head_tail(block, max_chars)
+        elif isinstance(block, Mapping) and block.get("type") == "text":
+            text = block.get("text")
+            if isinstance(text, str) and len(text) > max_chars:
+                block = {**block, "text": head_tail(text, max_chars)}
+        out.append(block)
+    return content if all(a is b for a, b in zip(out, content, strict=True)) else out
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _strip(v) for k, v in value.items() if k not in _VOLATILE}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+class LangChainDialect(Dialect):
+    """LangChain ``BaseMessage`` objects (what LangGraph keeps in ``state["messages"]``).
+
+    Tool calls are read from ``AIMessage.tool_calls``, results from
+    ``ToolMessage.tool_call_id``; content is a string or a list of content blocks (text,
+    image, Anthropic ``thinking``, LangChain/OpenAI ``reasoning``). The digest covers the
+    message type, content, tool calls, tool-call id and name — never the random ``id``.
+    Messages are never mutated: truncation returns ``model_copy(update=...)``.
+    """
+
+    name: ClassVar[str] = "langchain"
+
+    def role(self, message: Any) -> str:
+        kind = getattr(message, "type", "")
+        role = _ROLE_BY_TYPE.get(kind)
+        if role is not None:
+            return role
+        if kind in ("chat", "ChatMessageChunk"):
+            raw = str(getattr(message, "role", "user"))
+            return _CHAT_ROLES.get(raw, raw)
+        return str(kind)
+
+    def tool_call_ids(self, message: Any) -> tuple[str, ...]:
+        calls = getattr(message, "tool_calls", None)
+        if not calls:
+            return ()
+        return tuple(str(c.get("id") or "") for c in calls)
+
+    def tool_result_ids(self, message: Any) -> tuple[str, ...]:
+        ref = getattr(message, "tool_call_id", None)
+        if ref is None or self.role(message) != "tool":
+            return ()
+        return (str(ref),)
+
+    def parts(self, message: Any) -> list[Part]:
+        parts: list[Part] = []
+        kwargs = getattr(message, "additional_kwargs", None) or {}
+        reasoning = kwargs.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning:
+            parts.append(Part("thinking", reasoning))
+        content = _content_parts(getattr(message, "content", ""))
+        if self.role(message) == "tool":
+            text = "\n".join(p.text for p in content if p.text)
+            ref = str(getattr(message, "tool_call_id", "") or "")
+            name = str(getattr(message, "name", "") or "")
+            return [*parts, Part("tool_result", text, name, ref)]
+        parts.extend(content)
+        for call in getattr(message, "tool_calls", None) or ():
+            args = orjson.dumps(call.get("args") or {}, default=str).decode()
+            parts.append(Part("tool_call", args, str(call.get("name", "")), str(call.get("id"))))
+        return parts
+
+    def digest(self, message: Any) -> str:
+        content = getattr(message, "content", "")
+        calls = getattr(message, "tool_calls", None) or []
+        data = [
+            getattr(message, "type", ""),
+            content if isinstance(content, str) else _strip(content),
+            [[c.get("name"), c.get("args"), c.get("id")] for c in calls],
+            getattr(message, "tool_call_id", None),
+            getattr(message, "name", None),
+            getattr(message, "role", None),
+        ]
+        raw = orjson.dumps(data, default=str, option=orjson.OPT_SORT_KEYS)
+        return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+    def text_message(self, text: str, role: str = "user") -> Any:
+        # a content-derived id keeps the message stable across calls and lets LangGraph's
+        # ``add_messages`` accept it without assigning (mutating) a random one
+        ident = "agentcompact-" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+        if role == "system":
+            return SystemMessage(content=text, id=ident)
+        if role == "assistant":
+            return AIMessage(content=text, id=ident)
+        return HumanMessage(content=text, id=ident)
+
+    def truncate(self, message: Any, max_chars: int) -> Any:
+        content = getattr(message, "content", "")
+        new = _truncate_content(content, max_chars)
+        return message if new is content else message.model_copy(update={"content": new})
+
+    def check_shape(self, message: Any, index: int) -> None:
+        if not isinstance(message, BaseMessage):
+            raise ValidationError(
+                f"langchain: message {index} is {type(message).__name__}, not a BaseMessage",
+                index)
+
+
+_DIALECT = LangChainDialect()
+
+
+@hookimpl
+def agentcompact_register_dialects(register: Callable[..., None]) -> None:
+    """Register the ``langchain`` dialect (``pm.register(agentcompact.integrations.langgraph)``)."""
+    register(_DIALECT)
+
+
+# ---------------------------------------------------------------------- shared plumbing
+
+
+class _ObjectEntry(PrefixEntry):
+    """A prefix entry holding message objects: sized by their text, not their JSON."""
+
+    def nbytes(self) -> int:
+        copies = [self.message, *(v[1] for v in self.overrides.values())]
+        return sum(len(_DIALECT.text_of(m)) for m in copies if m is not None)
+
+
+class ObjectPrefixStore(InMemoryPrefixStore):
+    """The in-memory LRU prefix store for LangChain message objects (not JSON-able)."""
+
+    def put(self, key: str, entry: PrefixEntry) -> None:
+        super().put(key, _ObjectEntry(entry.head_len, entry.cut, entry.message,
+                                      entry.message_tokens, entry.strategy, entry.level,
+                                      entry.overrides))
+
+
+def _make_engine(engine: Engine | None, plugins: pluggy.PluginManager | None,
+                 episode_id: str | None, kwargs: dict[str, Any]) -> Engine:
+    if engine is not None:
+        if kwargs:
+            raise ConfigError(f"engine= given together with engine options {sorted(kwargs)}")
+        if not isinstance(engine.dialect, LangChainDialect):
+            raise ConfigError(f"engine dialect is {engine.dialect.name!r}; it must be a "
+                              "LangChainDialect for LangChain messages")
+        if type(engine.store) is InMemoryPrefixStore and not len(engine.store):
+            # the default store sizes entries as JSON, which message objects are not
+            engine.store = ObjectPrefixStore()
+        return engine
+    kwargs.setdefault("strategy", "cliff")
+    kwargs.setdefault("store", ObjectPrefixStore())
+    if "budget" not in kwargs and "trigger_tokens" not in kwargs:
+        raise ConfigError("give engine=, budget= or trigger_tokens=")
+    return Engine(dialect=_DIALECT, plugins=plugins, episode_id=episode_id, **kwargs)
+
+
+def _json_safe(value: Any) -> Any:
+    return orjson.loads(orjson.dumps(value, default=str))
+
+
+def _usage_of(message: BaseMessage, result: LLMResult | None = None) -> dict[str, Any]:
+    usage = getattr(message, "usage_metadata", None)
+    if usage:
+        return _json_safe(dict(usage))  # type: ignore[no-any-return]  # JSON round trip
+    output = (result.llm_output or {}) if result is not None else {}
+    token_usage = output.get("token_usage") or output.get("usage") or {}
+    return _json_safe(dict(token_usage))  # type: ignore[no-any-return]  # JSON round trip
+
+
+def model_call_from_langchain(
+    sent: Sequence[BaseMessage], response: BaseMessage, *, episode_id: str,
+    group_id: str | None = None, usage: Mapping[str, Any] | None = None,
+    model: str | None = None, request: Mapping[str, Any] | None = None,
+) -> ModelCall:
+    """A :class:`ModelCall` for LangChain messages (converted to OpenAI chat dicts)."""
+    messages = convert_to_openai_messages(list(sent))
+    reply = convert_to_openai_messages(response)
+    return ModelCall(
+        episode_id=episode_id, dialect="openai_chat", messages=_json_safe(messages),
+        response=[_json_safe(reply)], request=_json_safe(dict(request or {})),
+        usage=dict(usage) if usage is not None else _usage_of(response), model=model,
+        compacted=any(_DIALECT.is_synthetic(m) for m in sent), group_id=group_id,
+    )
+
+
+# ---------------------------------------------------------------------- node and hook
+
+
+class CompactionNode(Runnable[Any, dict[str, Any]]):
+    """A LangGraph node that compacts ``state["messages"]`` (see the module docstring).
+
+    Use it as ``builder.add_node("compact", node)``, ``create_react_agent(...,
+    pre_model_hook=node)``, or call it (``node(state)`` / ``await node.ainvoke(state)``).
+
+    :param engine: an :class:`~agentcompact.Engine` with a :class:`LangChainDialect`;
+        or leave it out and give ``trigger_tokens=`` (and any other ``Engine`` option).
+    :param mode: ``"llm_input"`` (state keeps the full history) or ``"rewrite"``.
+    :param episode_id: stamped on compaction events and on :attr:`logger`'s model calls.
+    :param group_id: the task (GRPO group) for :attr:`logger`'s model calls.
+    """
+
+    def __init__(
+        self, engine: Engine | None = None, *, trigger_tokens: int | None = None,
+        target_tokens: int | None = None, budget: Budget | None = None,
+        mode: Mode = "llm_input", episode_id: str | None = None, group_id: str | None = None,
+        plugins: pluggy.PluginManager | None = None, messages_key: str = "messages",
+        **engine_kwargs: Any,
+    ) -> None:
+        if mode not in ("llm_input", "rewrite"):
+            raise ConfigError(f"mode must be 'llm_input' or 'rewrite', got {mode!r}")
+        for key, value in (("trigger_tokens", trigger_tokens), ("target_tokens", target_tokens),
+                           ("budget", budget)):
+            if value is not None:
+                engine_kwargs[key] = value
+        self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs)
+        self.mode: Mode = mode
+        self.messages_key = messages_key
+        self.episode_id = episode_id or self.engine.episode_id or new_id()
+        self.group_id = group_id
+        self.last_result: CompactionResult | None = None
+        self._logger: ModelCallLogger | None = None
+
+    @property
+    def logger(self) -> ModelCallLogger:
+        """A :class:`ModelCallLogger` sharing this node's episode, group and plugins."""
+        if self._logger is None:
+            self._logger = ModelCallLogger(episode_id=self.episode_id, group_id=self.group_id,
+                                           plugins=self.engine.pm)
+        return self._logger
+
+    def _messages(self, state: Any) -> list[Any]:
+        value = (state.get(self.messages_key) if isinstance(state, Mapping)
+                 else getattr(state, self.messages_key, None))
+        if value is None:
+            raise ConfigError(f"state has no {self.messages_key!r} key")
+        return list(value)
+
+    def _update(self, result: CompactionResult) -> dict[str, Any]:
+        self.last_result = result
+        if self.mode == "llm_input":
+            return {"llm_input_messages": result.messages}
+        if not result.modified:
+            return {}
+        return {self.messages_key: [RemoveMessage(id=REMOVE_ALL_MESSAGES), *result.messages]}
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None,  # noqa: A002 - Runnable API
+               **kwargs: Any) -> dict[str, Any]:
+        """The state update for ``input`` (a graph state)."""
+        return self._update(self.engine.compact(self._messages(input)))
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None,  # noqa: A002
+                      **kwargs: Any) -> dict[str, Any]:
+        """``invoke`` for async graphs: awaits async strategies."""
+        return self._update(await self.engine.acompact(self._messages(input)))
+
+    def __call__(self, state: Any) -> dict[str, Any]:
+        return self.invoke(state)
+
+
+def pre_model_hook(engine: Engine | None = None, *, trigger_tokens: int | None = None,
+                   **options: Any) -> CompactionNode:
+    """A ``pre_model_hook`` for ``langgraph.prebuilt.create_react_agent``.
+
+    ``create_react_agent`` sends ``llm_input_messages`` to the model when the hook returns
+    them and keeps ``messages`` (the full history) in state. Options are those of
+    :class:`CompactionNode` (``mode="rewrite"`` rewrites the state instead).
+    """
+    return CompactionNode(engine, trigger_tokens=trigger_tokens, **options)
+
+
+# ---------------------------------------------------------------------- RL logging
+
+
+def _request_fields(params: Mapping[str, Any] | None) -> dict[str, Any]:
+    keep = ("model", "model_name", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
+            "max_completion_tokens", "reasoning_effort", "response_format")
+    return {k: params[k] for k in keep if params and params.get(k) is not None}
+
+
+class ModelCallLogger(BaseCallbackHandler):
+    """A callback handler firing ``agentcompact_log_model_call`` for every chat-model call.
+
+    The context logged is exactly the messages the chat model received (so compaction by a
+    node or hook shows). Streaming calls are logged when the stream ends. Per-run ids can
+    be given in the run's metadata: ``config={"metadata": {"agentcompact_episode_id": ...,
+    "agentcompact_group_id": ...}}``.
+    """
+
+    raise_error = True  # a failing recorder must not be silently ignored
+    run_inline = True  # keep calls in order in async graphs
+
+    def __init__(self, *, episode_id: str | None = None, group_id: str | None = None,
+                 plugins: pluggy.PluginManager | None = None) -> None:
+        super().__init__()
+        self.episode_id = episode_id or new_id()
+        self.group_id = group_id
+        self.pm = plugins
+        self._pending: dict[UUID, tuple[list[BaseMessage], dict[str, Any], dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]],
+                            *, run_id: UUID, metadata: dict[str, Any] | None = None,
+                            **kwargs: Any) -> None:
+        params = kwargs.get("invocation_params") or {}
+        with self._lock:
+            self._pending[run_id] = (list(messages[0]) if messages else [], dict(metadata or {}),
+                                     _request_fields(params))
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            pending = self._pending.pop(run_id, None)
+        if pending is None or not response.generations or not response.generations[0]:
+            return
+        sent, metadata, request = pending
+        generation = response.generations[0][0]
+        if not isinstance(generation, ChatGeneration):
+            return
+        message = generation.message
+        model = ((response.llm_output or {}).get("model_name")
+                 or message.response_metadata.get("model_name") or request.get("model"))
+        call = model_call_from_langchain(
+            sent, message, usage=_usage_of(message, response), model=model, request=request,
+            episode_id=metadata.get("agentcompact_episode_id") or self.episode_id,
+            group_id=metadata.get("agentcompact_group_id") or self.group_id)
+        log_model_call(call, self.pm)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            self._pending.pop(run_id, None)
+
+
+# ---------------------------------------------------------------------- middleware
+
+
+def _ai_of(response: Any) -> AIMessage | None:
+    if isinstance(response, AIMessage):
+        return response
+    inner = getattr(response, "model_response", response)
+    for message in getattr(inner, "result", ()):
+        if isinstance(message, AIMessage):
+            return message
+    return None
+
+
+class CompactionMiddleware(AgentMiddleware):  # type: ignore[type-arg]  # generic defaults
+    """Compacts what the model sees in ``langchain.agents.create_agent`` agents.
+
+    ``wrap_model_call`` / ``awrap_model_call`` replace the request's messages with the
+    compacted view; the agent state (and any checkpoint) keeps the full history. Each model
+    call is logged through ``agentcompact_log_model_call`` unless ``record=False``.
+
+    :param engine: an :class:`~agentcompact.Engine` with a :class:`LangChainDialect`, or
+        ``trigger_tokens=`` and other ``Engine`` options.
+    :param episode_id: / :param group_id: stamped on logged calls (settable attributes).
+    """
+
+    def __init__(
+        self, engine: Engine | None = None, *, trigger_tokens: int | None = None,
+        target_tokens: int | None = None, budget: Budget | None = None,
+        episode_id: str | None = None, group_id: str | None = None,
+        plugins: pluggy.PluginManager | None = None, record: bool = True,
+        **engine_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        for key, value in (("trigger_tokens", trigger_tokens), ("target_tokens", target_tokens),
+                           ("budget", budget)):
+            if value is not None:
+                engine_kwargs[key] = value
+        self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs)
+        self.episode_id = episode_id or self.engine.episode_id or new_id()
+        self.group_id = group_id
+        self.record = record
+        self.tools = []
+        self.last_result: CompactionResult | None = None
+
+    def _request(self, request: ModelRequest, result: CompactionResult) -> ModelRequest:
+        self.last_result = result
+        return request.override(messages=result.messages) if result.modified else request
+
+    def _log(self, request: ModelRequest, response: Any) -> None:
+        message = _ai_of(response)
+        if not self.record or message is None:
+            return
+        sent = [request.system_message] if request.system_message is not None else []
+        tools = [t for t in request.tools if isinstance(t, Mapping)]
+        tools += [{"name": t.name, "description": t.description}
+                  for t in request.tools if not isinstance(t, Mapping)]
+        model = getattr(request.model, "model_name", None) or getattr(request.model, "model", None)
+        call = model_call_from_langchain(
+            [*sent, *request.messages], message, episode_id=self.episode_id,
+            group_id=self.group_id, model=str(model) if model else None,
+            request={"tools": tools} if tools else {})
+        log_model_call(call, self.engine.pm)
+
+    def wrap_model_call(self, request: ModelRequest,
+                        handler: Callable[[ModelRequest], ModelResponse]) -> Any:
+        request = self._request(request, self.engine.compact(request.messages))
+        response = handler(request)
+        self._log(request, response)
+        return response
+
+    async def awrap_model_call(self, request: ModelRequest,
+                               handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
+                               ) -> Any:
+        request = self._request(request, await self.engine.acompact(request.messages))
+        response = await handler(request)
+        self._log(request, response)
+        return response
