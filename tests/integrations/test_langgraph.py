@@ -193,7 +193,8 @@ def test_node_passes_kept_messages_by_reference() -> None:
     assert sent[0] is history[0] and sent[1] is history[1] and sent[-1] is history[-1]
     validate(sent, LC)
     again = node({"messages": history})["llm_input_messages"]
-    assert all(a is b for a, b in zip(again, sent, strict=True))  # same compacted prefix, same objects
+    # the same compacted prefix, the same objects
+    assert all(a is b for a, b in zip(again, sent, strict=True))
 
 
 # ------------------------------------------------------------------------- StateGraph
