@@ -23,6 +23,13 @@ _ERROR_TYPES = {
     529: "overloaded_error",
 }
 
+#: What each block type looks like in its ``content_block_start`` event, before any delta.
+_EMPTY_BLOCKS: dict[str, dict[str, Any]] = {
+    "thinking": {"thinking": "", "signature": ""},
+    "text": {"text": ""},
+    "tool_use": {"input": {}},
+}
+
 
 def _usage(completion: Completion, output_tokens: int) -> dict[str, Any]:
     return {
@@ -107,8 +114,7 @@ def _default_message(fault: Fault, status: int, input_tokens: int) -> str:
 def _block_frames(index: int, block: dict[str, Any]) -> Iterator[Frame]:
     """``content_block_start``, its deltas, ``content_block_stop`` for one content block."""
     kind = block["type"]
-    empty = {"thinking": {"thinking": "", "signature": ""}, "text": {"text": ""},
-             "tool_use": {"input": {}}}[kind]
+    empty: dict[str, Any] = _EMPTY_BLOCKS[kind]
     opening = {**block, **empty}
     yield Frame({"type": "content_block_start", "index": index, "content_block": opening},
                 "content_block_start")

@@ -90,7 +90,7 @@ class UpstreamSim:
         self.context_window = context_window
         #: Set by the runner on shutdown so hanging requests give up at once.
         self.closing = threading.Event()
-        self._slots = Slots(self.latency.max_concurrency)
+        self._slots = Slots()
         self._requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self.app = Starlette(routes=self._routes())
@@ -170,7 +170,7 @@ class UpstreamSim:
             frames = self._stream(wire, completion, body, fault)
             return StreamingResponse(frames, media_type="text/event-stream",
                                      headers={**_ids(ordinal), "cache-control": "no-cache"})
-        async with self._slots.hold():
+        async with self._slots.hold(self.latency.max_concurrency):
             await asyncio.sleep(self.latency.prefill_s(completion.input_tokens)
                                 + self.latency.decode_s(completion.output_tokens))
         return JSONResponse(wire.render(completion, body), headers=_ids(ordinal))
@@ -201,7 +201,7 @@ class UpstreamSim:
     async def _stream(self, wire: Wire, completion: Completion, body: dict[str, Any],
                       fault: Fault | None) -> AsyncIterator[bytes]:
         drop_after = fault.drop_after if fault is not None else None
-        async with self._slots.hold():
+        async with self._slots.hold(self.latency.max_concurrency):
             await asyncio.sleep(self.latency.prefill_s(completion.input_tokens))
             pacer = DecodePacer(self.latency.decode_tokens_per_s)
             for sent, frame in enumerate(wire.frames(completion, body)):
@@ -214,7 +214,12 @@ class UpstreamSim:
 def _fault_of(request: Request, reply: Reply) -> Fault | None:
     """A fault in the request's ``x-sim-fault`` header wins over the scripted one."""
     spec = request.headers.get(FAULT_HEADER)
-    return Fault.parse(spec) if spec else reply.fault
+    if not spec:
+        return reply.fault
+    try:
+        return Fault.parse(spec)
+    except ValueError as exc:  # a typo in a test's header is a 400, not a server crash
+        return Fault(400, message=f"bad {FAULT_HEADER} header: {exc}")
 
 
 def _ids(ordinal: int) -> dict[str, str]:

@@ -38,20 +38,20 @@ class LatencyModel:
 class Slots:
     """The provider's concurrency limit, bound lazily to whichever event loop serves."""
 
-    def __init__(self, limit: int | None) -> None:
-        self.limit = limit
+    def __init__(self) -> None:
         self._semaphore: asyncio.Semaphore | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._key: tuple[asyncio.AbstractEventLoop, int] | None = None
 
     @asynccontextmanager
-    async def hold(self) -> AsyncIterator[None]:
-        if self.limit is None:
+    async def hold(self, limit: int | None) -> AsyncIterator[None]:
+        """Occupy one of ``limit`` slots (None: no limit) while the block runs."""
+        if limit is None:
             yield
             return
-        loop = asyncio.get_running_loop()
-        if self._semaphore is None or self._loop is not loop:
-            # an app may be served again by a new loop; a semaphore belongs to one loop
-            self._semaphore, self._loop = asyncio.Semaphore(self.limit), loop
+        key = (asyncio.get_running_loop(), limit)
+        if self._semaphore is None or self._key != key:
+            # a semaphore belongs to one loop, and the latency model may have been swapped
+            self._semaphore, self._key = asyncio.Semaphore(limit), key
         async with self._semaphore:
             yield
 

@@ -101,6 +101,13 @@ class ResponsesWire:
             "usage": None, "user": None, "metadata": body.get("metadata") or {},
         }
 
+#: How each output item looks in ``response.output_item.added``, before its deltas.
+_OPENERS: dict[str, dict[str, Any]] = {
+    "reasoning": {"summary": []},
+    "message": {"content": [], "status": "in_progress"},
+    "function_call": {"arguments": "", "status": "in_progress"},
+}
+
 
 def _frame(sequence: Iterator[int], kind: str, tokens: int = 0, **fields: Any) -> Frame:
     return Frame({"type": kind, "sequence_number": next(sequence), **fields}, kind, tokens)
@@ -108,9 +115,7 @@ def _frame(sequence: Iterator[int], kind: str, tokens: int = 0, **fields: Any) -
 
 def _item_frames(sequence: Iterator[int], index: int, item: dict[str, Any]) -> Iterator[Frame]:
     """``output_item.added``, the item's own deltas, ``output_item.done``."""
-    openers = {"reasoning": {"summary": []}, "message": {"content": [], "status": "in_progress"},
-               "function_call": {"arguments": "", "status": "in_progress"}}
-    opening = {**item, **openers[item["type"]]}
+    opening = {**item, **_OPENERS[item["type"]]}
     yield _frame(sequence, "response.output_item.added", output_index=index, item=opening)
     streams = {"reasoning": _reasoning_frames, "message": _message_frames,
                "function_call": _call_frames}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -285,6 +287,8 @@ def test_fault_header_applies_to_one_request(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.RateLimitError):
         chat(oai, extra_headers={"x-sim-fault": "status=429"})
     assert chat(oai).choices[0].message.content.startswith("echo:")
+    with pytest.raises(openai.BadRequestError, match="bad x-sim-fault header"):
+        chat(oai, extra_headers={"x-sim-fault": "explode=1"})
 
 
 def test_dropped_stream_raises_in_the_client(sim: UpstreamSim, oai: openai.OpenAI,
@@ -360,3 +364,14 @@ def test_server_stops_cleanly_and_serves_plain_apps() -> None:
     running.stop()
     running.stop()
     assert set(threading.enumerate()) <= before
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "upstream-sim.md"
+
+
+@pytest.mark.skipif(not DOCS.exists(), reason="docs absent from this checkout")
+def test_docs_examples_run() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
+    assert len(blocks) == 3
+    for block in blocks:
+        exec(compile(block, str(DOCS), "exec"), {})
