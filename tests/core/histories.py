@@ -8,6 +8,7 @@ when several), and an optional human message after the results (0: none).
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 WORDS = ("alpha beta gamma delta src/app.py make test error 42 0x1f run_tests() "
@@ -15,11 +16,13 @@ WORDS = ("alpha beta gamma delta src/app.py make test error 42 0x1f run_tests() 
 
 
 def text(n: int, seed: int) -> str:
+    rng = random.Random(seed)
     out: list[str] = []
-    i = seed
-    while sum(len(w) + 1 for w in out) < n:
-        out.append(WORDS[(i * 7 + len(out) * 3) % len(WORDS)] + str(len(out) % 10))
-        i += 1
+    size = 0
+    while size < n:
+        word = rng.choice(WORDS) + str(rng.randint(0, 999))
+        out.append(word)
+        size += len(word) + 1
     return " ".join(out)[:n]
 
 

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentcompact import Budget, Engine, get_dialect, hookimpl, new_plugin_manager
+from agentcompact.strategies.base import CompactionRequest
+from agentcompact.strategies.cliff import CliffStrategy, render_segments
+from agentcompact.tokens import MessageMeter, TiktokenCounter
+
+from .histories import build
+
+DIALECTS = ["openai_chat", "anthropic", "openai_responses"]
+PLAN = [(60, [1500, 200], 0), (2500, [3000], 80), (0, [800, 800, 800], 0)] * 4
+
+
+def request(name: str, msgs: list[Any], span_start: int | None = None, budget: int = 10**6,
+            pm: Any = None, level: int = 0) -> CompactionRequest:
+    d = get_dialect(name, new_plugin_manager())
+    from agentcompact import split_turns
+
+    turns = split_turns(msgs, d)
+    return CompactionRequest(
+        messages=msgs, dialect=d, head_len=turns.head_len,
+        span_start=turns.head_len if span_start is None else span_start,
+        cut=turns.starts[-2], budget_tokens=budget,
+        meter=MessageMeter(TiktokenCounter(), d), pm=pm or new_plugin_manager(), level=level)
+
+
+def corpus(name: str, msgs: list[Any]) -> list[str]:
+    d = get_dialect(name, new_plugin_manager())
+    return [p.text or p.name for m in msgs for p in d.parts(m)] + \
+        [p.name for m in msgs for p in d.parts(m) if p.name]
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_every_non_marker_character_is_quoted(name: str, level: int) -> None:
+    msgs = build(name, PLAN)
+    texts = corpus(name, msgs)
+    segments = render_segments(request(name, msgs), level)
+    verbatim = [t for is_verbatim, t in segments if is_verbatim and t]
+    assert verbatim
+    for piece in verbatim:
+        assert any(piece in t for t in texts), piece[:80]
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_rendered_message_is_the_segments(name: str) -> None:
+    msgs = build(name, PLAN)
+    req = request(name, msgs)
+    rendered = CliffStrategy().compact(req)
+    assert rendered.level == 0
+    text = req.dialect.text_of(rendered.message)
+    assert text == "".join(t for _, t in render_segments(req, 0))
+
+
+def test_long_results_truncated_head_and_tail_not_dropped() -> None:
+    msgs = build("openai_chat", PLAN)
+    rendered = CliffStrategy().compact(request("openai_chat", msgs))
+    text = rendered.message["content"]
+    long_result = msgs[4]["content"]  # the 1500-char result
+    assert long_result[:100] in text and long_result[-50:] in text
+    assert "chars omitted" in text
+    assert any(i.action == "truncated" for i in rendered.items)
+
+
+def test_escalates_when_over_budget() -> None:
+    msgs = build("anthropic", PLAN)
+    req = request("anthropic", msgs, budget=400)
+    rendered = CliffStrategy().compact(req)
+    assert rendered.level == 2 and rendered.tokens <= 400
+    assert any(i.action == "dropped" for i in rendered.items)
+
+
+def test_carries_earlier_human_messages_forward() -> None:
+    msgs = build("openai_chat", PLAN)
+    humans = [m["content"] for m in msgs[2:] if m["role"] == "user"]
+    # span starts late: earlier cycles were compacted before; their human text stays
+    req = request("openai_chat", msgs, span_start=20)
+    text = CliffStrategy().compact(req).message["content"]
+    early = [h for i, h in enumerate(humans) if msgs.index(next(
+        m for m in msgs if m.get("content") == h)) < 20]
+    assert early and all(h in text for h in early)
+    off = CliffStrategy(carry_forward_human=False).compact(req).message["content"]
+    assert not any(h in off for h in early)
+
+
+def test_pinned_message_verbatim() -> None:
+    pm = new_plugin_manager()
+
+    class Pin:
+        @hookimpl
+        def agentcompact_pin(self, message: Any, index: int, dialect: Any) -> bool:
+            return index == 4
+
+    pm.register(Pin())
+    msgs = build("openai_chat", PLAN)
+    text = CliffStrategy().compact(request("openai_chat", msgs, pm=pm, budget=800)).message[
+        "content"]
+    assert msgs[4]["content"] in text
+
+
+def test_thinking_dropped_after_level_zero() -> None:
+    msgs = build("anthropic", PLAN)
+    assert "[thinking]" in "".join(t for _, t in render_segments(request("anthropic", msgs), 0))
+    assert "[thinking]" not in "".join(
+        t for _, t in render_segments(request("anthropic", msgs), 1))
+
+
+def test_render_message_hook_overrides_with_quotes() -> None:
+    pm = new_plugin_manager()
+
+    class Quote:
+        @hookimpl
+        def agentcompact_render_message(self, message: Any, dialect: Any, settings: Any) -> Any:
+            if message.get("role") == "tool":
+                return [message["content"][:10]]
+            return None
+
+    pm.register(Quote())
+    msgs = build("openai_chat", PLAN)
+    engine = Engine("cliff", "openai_chat", Budget(8000), plugins=pm)
+    r = engine.compact(msgs)
+    text = r.messages[r.head_len]["content"]
+    head = msgs[4]["content"]
+    assert f"[tool result]\n{head[:10]}\n" in text and f"[tool result]\n{head[:11]}" not in text
