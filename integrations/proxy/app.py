@@ -1,0 +1,420 @@
+"""The compaction proxy as a Starlette app.
+
+``create_app(config)`` returns an ASGI app that harnesses point their base URL at. For
+``POST`` to ``/v1/messages`` (Anthropic), ``…/chat/completions`` (OpenAI Chat) and any path
+ending in ``/responses`` (OpenAI Responses, incl. Codex's ChatGPT backend) it compacts the
+request's messages with an engine of that dialect, then forwards; every other request
+passes through untouched. Only request bodies are rewritten: responses (SSE included) are
+relayed as they arrive.
+
+Per request: parse → probe? → session key → the session's engine compacts (off the event
+loop when the body is large) → encode only if modified (else the original bytes) → send
+→ on a context-length error, compact harder and replay once → relay and, with ``--record``,
+log the model call with the reassembled response. Any failure before sending forwards the
+original bytes (fail-open).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+import orjson
+import pluggy
+from agentcompact import __version__
+from agentcompact.budget import Budget
+from agentcompact.dialects.base import Dialect
+from agentcompact.engine import CompactionResult, Engine
+from agentcompact.events import ModelCall
+from agentcompact.logging_hooks import log_model_call
+from agentcompact.plugins import get_plugin_manager, registry
+from agentcompact.store import InMemoryPrefixStore, PrefixStore
+from agentcompact.tokens import MessageMeter, make_counter
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .config import ProxyConfig
+from .observe import DebugDumper, ExchangeLog, ProxyStats
+from .reassemble import reassemble
+from .relay import BufferedResponse, RelayResponse
+from .wire import (
+    ANTHROPIC,
+    CHAT,
+    RESPONSES,
+    dialect_for,
+    error_body,
+    is_anthropic_path,
+    is_context_error,
+    is_probe,
+    request_headers,
+    session_key,
+)
+
+__all__ = ["CompactionProxy", "create_app"]
+
+log = logging.getLogger("agentcompact.proxy")
+
+#: bodies larger than this are parsed and compacted in a worker thread
+_OFFLOOP_BYTES = 128 * 1024
+#: per-session message cache of the token meter (bounds memory held per engine)
+_METER_ENTRIES = 8192
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+@dataclass
+class _Plan:
+    """One dialect request on its way upstream."""
+
+    dialect: str
+    raw: bytes
+    out: bytes
+    ex: ExchangeLog
+    body: dict[str, Any] | None = None
+    messages: list[Any] | None = None
+    engine: Engine | None = None
+    result: CompactionResult | None = None
+    sent_messages: list[Any] | None = None
+    refusal: BufferedResponse | None = None
+    chunks: list[bytes] = field(default_factory=list)
+
+
+class EnginePool:
+    """One engine per (dialect, session), LRU-bounded, all sharing one prefix store and one
+    token counter. Per-session engines keep each session's token cache and digest chain
+    apart and stamp its compaction events with the session as ``episode_id``."""
+
+    def __init__(self, config: ProxyConfig, pm: pluggy.PluginManager, store: PrefixStore) -> None:
+        self.config, self.pm, self.store = config, pm, store
+        self.budget = Budget(trigger_tokens=config.trigger, target_tokens=config.target)
+        self.counter = make_counter(config.counter)
+        reg = registry(pm)
+        reg.strategy_factory(config.strategy)  # unknown name: ConfigError at start-up
+        self.dialects: dict[str, Dialect] = {d: reg.dialect(d) for d in (ANTHROPIC, CHAT,
+                                                                          RESPONSES)}
+        self._engines: OrderedDict[tuple[str, str], Engine] = OrderedDict()
+        self._lock = threading.Lock()
+        self.is_async = hasattr(self._new(ANTHROPIC, "startup").strategy, "acompact")
+
+    def get(self, dialect: str, session: str) -> Engine:
+        key = (dialect, session)
+        with self._lock:
+            engine = self._engines.pop(key, None)
+            if engine is None:
+                engine = self._new(dialect, session)
+            self._engines[key] = engine
+            while len(self._engines) > self.config.max_sessions:
+                self._engines.popitem(last=False)
+            return engine
+
+    def _new(self, dialect: str, session: str) -> Engine:
+        engine = Engine(strategy=self.config.strategy, dialect=self.dialects[dialect],
+                        budget=self.budget, counter=self.counter, store=self.store,
+                        plugins=self.pm, episode_id=session,
+                        strategy_settings=self.config.strategy_options or None)
+        engine.meter = MessageMeter(self.counter, engine.dialect, max_entries=_METER_ENTRIES)
+        return engine
+
+
+class CompactionProxy:
+    """The proxy's state and request handling; ``create_app`` wraps it in Starlette."""
+
+    def __init__(self, config: ProxyConfig, *, plugins: pluggy.PluginManager | None = None,
+                 store: PrefixStore | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.pm = plugins if plugins is not None else get_plugin_manager()
+        self.store = store if store is not None else InMemoryPrefixStore()
+        self.engines = EnginePool(config, self.pm, self.store)
+        self.stats = ProxyStats(config.max_sessions)
+        self.dumper = DebugDumper(config.debug_dir) if config.debug_dir else None
+        self.recorder = _register_recorder(self.pm, config.record) if config.record else None
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+
+    # --- lifecycle ----------------------------------------------------------------
+    def client(self) -> httpx.AsyncClient:
+        """The upstream HTTP client, created in the serving event loop on first use."""
+        if self._client is None:
+            c = self.config
+            self._client = httpx.AsyncClient(
+                transport=self._transport, follow_redirects=False,
+                timeout=httpx.Timeout(c.read_timeout, connect=c.connect_timeout, pool=None),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=128),
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the upstream client and the recorder (the app's lifespan calls this)."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        if self.recorder is not None and self.pm.is_registered(self.recorder):
+            self.pm.unregister(self.recorder)
+            close = getattr(self.recorder, "close", None)
+            if close is not None:
+                close()
+
+    # --- routes -------------------------------------------------------------------
+    async def status(self, request: Request) -> JSONResponse:
+        c = self.config
+        return JSONResponse(self.stats.snapshot(
+            version=__version__, strategy=c.strategy, trigger=c.trigger,
+            target=self.engines.budget.target, shadow=c.shadow, strict=c.strict,
+            recording=c.record is not None, store_entries=len(self.store)  # type: ignore[arg-type]
+            if hasattr(self.store, "__len__") else None,
+        ))
+
+    async def handle(self, request: Request) -> Any:
+        t0 = time.perf_counter()
+        self.stats.count_request()
+        path = request.url.path
+        raw = await request.body()
+        dialect = dialect_for(path) if request.method == "POST" else None
+        if dialect is None:
+            return await self._passthrough(request, raw)
+        plan = await self._prepare(request, dialect, raw)
+        if plan.refusal is not None:
+            return self._done(plan, plan.refusal, t0)
+        plan.ex.added_ms = round((time.perf_counter() - t0) * 1000, 3)
+        resp = await self._send(request, plan.out, dialect)
+        if isinstance(resp, BufferedResponse):
+            return self._done(plan, resp, t0)
+        if resp.status_code in (400, 413) and self._may_retry(plan):
+            return await self._reactive(request, plan, resp, t0)
+        return self._done(plan, resp, t0)
+
+    # --- preparing the request ------------------------------------------------------
+    async def _prepare(self, request: Request, dialect: str, raw: bytes) -> _Plan:
+        plan = _Plan(dialect, raw, raw, ExchangeLog(request.url.path, dialect,
+                                                    shadow=self.config.shadow))
+        headers = request.headers
+        try:
+            if self.engines.is_async:
+                self._parse(plan, headers)
+                if plan.engine is not None and plan.messages is not None:
+                    plan.result = await plan.engine.acompact(plan.messages)
+                    self._apply(plan)
+            elif len(raw) > _OFFLOOP_BYTES:
+                await anyio.to_thread.run_sync(self._prepare_sync, plan, headers)
+            else:
+                self._prepare_sync(plan, headers)
+        except Exception as exc:  # fail-open: the original bytes go upstream
+            log.exception("compaction failed; forwarding the original request")
+            plan.out, plan.result, plan.sent_messages = raw, None, plan.messages
+            plan.ex.error = f"{type(exc).__name__}: {exc}"
+        if self.dumper is not None and plan.body is not None:
+            self._dump(plan, headers)
+        return plan
+
+    def _prepare_sync(self, plan: _Plan, headers: Any) -> None:
+        self._parse(plan, headers)
+        if plan.engine is not None and plan.messages is not None:
+            plan.result = plan.engine.compact(plan.messages)
+            self._apply(plan)
+
+    def _parse(self, plan: _Plan, headers: Any) -> None:
+        body = orjson.loads(plan.raw)
+        if not isinstance(body, dict):
+            raise TypeError(f"request body is a JSON {type(body).__name__}, not an object")
+        plan.body = body
+        dialect = self.engines.dialects[plan.dialect]
+        messages = dialect.messages_of(body)
+        plan.messages = plan.sent_messages = messages
+        plan.ex.session = session_key(dialect, body, headers, messages)
+        if is_probe(body):
+            plan.ex.probe = True
+        elif messages and not body.get("previous_response_id"):
+            plan.engine = self.engines.get(plan.dialect, plan.ex.session)
+
+    def _apply(self, plan: _Plan) -> None:
+        """Fill the log fields from the result and encode the body to send, if it changed."""
+        result, ex = plan.result, plan.ex
+        assert result is not None and plan.engine is not None and plan.body is not None
+        ex.tokens_in, ex.tokens_out = result.tokens_original, result.tokens_after
+        ex.compacted, ex.modified = result.compacted, result.modified
+        ex.strategy = plan.engine.strategy_name
+        if self.config.shadow or not result.modified:
+            if result.modified:
+                log.info("shadow: would send %d tokens instead of %d (session %s)",
+                         result.tokens_after, result.tokens_original, ex.session)
+            return
+        if self.config.strict and result.over_budget:
+            plan.refusal = self._refuse(plan, result)
+            return
+        body = plan.engine.dialect.with_messages(plan.body, result.messages)
+        plan.out = orjson.dumps(body)
+        plan.sent_messages = result.messages
+
+    def _refuse(self, plan: _Plan, result: CompactionResult) -> BufferedResponse:
+        plan.ex.refused = True
+        limit = self.engines.budget.limit
+        message = (f"prompt is too long: {result.tokens_after} tokens > {limit} maximum "
+                   "(agentcompact strict mode: still over budget after compaction)")
+        body = error_body(plan.dialect, 400, message, code="context_length_exceeded")
+        return BufferedResponse(400, [(b"content-type", b"application/json")],
+                                orjson.dumps(body))
+
+    def _dump(self, plan: _Plan, headers: Any) -> None:
+        result = plan.result
+        outgoing = None
+        if result is not None and result.modified and plan.out is not plan.raw:
+            outgoing = orjson.loads(plan.out)
+        summary = {"dialect": plan.dialect, "session": plan.ex.session,
+                   "compacted": plan.ex.compacted, "modified": plan.ex.modified,
+                   "tokens_in": plan.ex.tokens_in, "tokens_out": plan.ex.tokens_out,
+                   "shadow": self.config.shadow, "error": plan.ex.error}
+        assert self.dumper is not None
+        self.dumper.dump(plan.ex.session, plan.ex.path, headers, plan.body, outgoing, summary)
+
+    # --- talking to the upstream ----------------------------------------------------
+    def _upstream_url(self, request: Request) -> str:
+        path = request.url.path
+        base = (self.config.anthropic_upstream if is_anthropic_path(path)
+                else self.config.openai_upstream)
+        query = request.url.query
+        return f"{base}{path}?{query}" if query else f"{base}{path}"
+
+    async def _send(self, request: Request, content: bytes, dialect: str | None
+                    ) -> httpx.Response | BufferedResponse:
+        client = self.client()
+        upstream = client.build_request(
+            request.method, self._upstream_url(request),
+            headers=request_headers(request.headers.raw), content=content,
+        )
+        try:
+            return await client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            log.warning("upstream unreachable: %s %s: %r", request.method, request.url.path, exc)
+            body = error_body(dialect, 502, f"agentcompact proxy: upstream unreachable: {exc}",
+                              code="upstream_unreachable")
+            return BufferedResponse(502, [(b"content-type", b"application/json")],
+                                    orjson.dumps(body))
+
+    async def _passthrough(self, request: Request, raw: bytes) -> Any:
+        resp = await self._send(request, raw, ANTHROPIC if is_anthropic_path(request.url.path)
+                                else CHAT)
+        if isinstance(resp, BufferedResponse):
+            return resp
+        self.stats.stream_opened(1)
+        return RelayResponse(resp, on_close=lambda _ok: self.stats.stream_opened(-1))
+
+    def _may_retry(self, plan: _Plan) -> bool:
+        return (self.config.reactive and not self.config.shadow and plan.engine is not None
+                and plan.messages is not None and plan.ex.error is None)
+
+    async def _reactive(self, request: Request, plan: _Plan, resp: httpx.Response,
+                        t0: float) -> Any:
+        """Context-length error: compact one level harder and replay once."""
+        data = await resp.aread()
+        await resp.aclose()
+        first = BufferedResponse(resp.status_code, resp.headers.raw, data)
+        if not is_context_error(resp.status_code, data):
+            return self._done(plan, first, t0)
+        assert plan.engine is not None and plan.messages is not None and plan.body is not None
+        try:
+            if self.engines.is_async:
+                result = await plan.engine.acompact(plan.messages, force=True)
+            else:
+                result = await anyio.to_thread.run_sync(
+                    lambda: plan.engine.compact(plan.messages, force=True))  # type: ignore[union-attr]
+            retry = orjson.dumps(plan.engine.dialect.with_messages(plan.body, result.messages))
+        except Exception as exc:
+            log.exception("reactive compaction failed; returning the provider's error")
+            plan.ex.error = f"reactive: {type(exc).__name__}: {exc}"
+            return self._done(plan, first, t0)
+        if not result.modified or retry == plan.out:
+            return self._done(plan, first, t0)
+        log.info("reactive: context-length error from upstream; replaying %d tokens "
+                 "(was %s), session %s", result.tokens_after, plan.ex.tokens_out, plan.ex.session)
+        plan.result, plan.out, plan.sent_messages = result, retry, result.messages
+        plan.ex.retried, plan.ex.compacted, plan.ex.modified = True, True, True
+        plan.ex.tokens_out = result.tokens_after
+        resp2 = await self._send(request, retry, plan.dialect)
+        return self._done(plan, resp2, t0)
+
+    # --- answering ---------------------------------------------------------------------
+    def _done(self, plan: _Plan, resp: httpx.Response | BufferedResponse, t0: float) -> Any:
+        ex = plan.ex
+        ex.status = resp.status_code
+        if not ex.added_ms:
+            ex.added_ms = round((time.perf_counter() - t0) * 1000, 3)
+        saved = 0
+        if ex.modified and ex.tokens_in is not None and ex.tokens_out is not None:
+            saved = ex.tokens_in - ex.tokens_out
+        self.stats.record(ex, saved)
+        if self.config.log_requests:
+            ex.emit()
+        if isinstance(resp, BufferedResponse):
+            return resp
+        recording = self.config.record is not None and resp.status_code < 300
+        self.stats.stream_opened(1)
+        return RelayResponse(resp, tee=plan.chunks.append if recording else None,
+                             on_close=lambda ok: self._closed(plan, resp, ok, recording))
+
+    def _closed(self, plan: _Plan, resp: httpx.Response, complete: bool, recording: bool
+                ) -> None:
+        self.stats.stream_opened(-1)
+        if not (recording and complete and plan.body is not None):
+            return
+        streamed = "text/event-stream" in resp.headers.get("content-type", "")
+        got = reassemble(plan.dialect, b"".join(plan.chunks), streamed=streamed)
+        dialect = self.engines.dialects[plan.dialect]
+        request = {k: v for k, v in plan.body.items() if k != dialect.messages_key}
+        model = got.model or plan.body.get("model")
+        log_model_call(ModelCall(
+            episode_id=plan.ex.session or "unknown", dialect=plan.dialect,
+            messages=list(plan.sent_messages or []), response=got.response, request=request,
+            usage=got.usage, model=model if isinstance(model, str) else None,
+            compacted=plan.ex.modified and not self.config.shadow,
+        ), self.pm)
+
+
+def _register_recorder(pm: pluggy.PluginManager, run_dir: str) -> Any:
+    try:
+        from agentcompact.plugins.recorder import Recorder
+    except ImportError:
+        log.warning("--record: agentcompact.plugins.recorder is not available; model calls "
+                    "are reported through log_model_call only")
+        return None
+    recorder = Recorder(run_dir, metadata={"source": "agentcompact proxy"})
+    pm.register(recorder, name=f"agentcompact-proxy-recorder-{id(recorder)}")
+    return recorder
+
+
+def create_app(config: ProxyConfig | None = None, *, plugins: pluggy.PluginManager | None = None,
+               store: PrefixStore | None = None,
+               transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+    """The proxy as a Starlette app (its state is ``app.state.proxy``).
+
+    :param config: settings (default: ``ProxyConfig.from_env()``).
+    :param plugins: plugin manager (default: the process-wide one).
+    :param store: the prefix store shared by the engines (default: in-memory LRU); pass a
+        shared store to run several workers.
+    :param transport: an ``httpx`` transport for the upstream client (tests).
+    """
+    proxy = CompactionProxy(config if config is not None else ProxyConfig.from_env(),
+                            plugins=plugins, store=store, transport=transport)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await proxy.aclose()
+
+    app = Starlette(routes=[
+        Route("/agentcompact/status", proxy.status, methods=["GET"]),
+        Route("/{path:path}", proxy.handle, methods=_METHODS),
+    ], lifespan=lifespan)
+    app.state.proxy = proxy
+    return app

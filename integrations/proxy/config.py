@@ -1,0 +1,120 @@
+"""The proxy's configuration: one dataclass, filled from defaults, ``AGENTCOMPACT_*``
+environment variables and command-line flags (in increasing precedence)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from agentcompact.errors import ConfigError
+
+__all__ = ["DEFAULT_ANTHROPIC_UPSTREAM", "DEFAULT_OPENAI_UPSTREAM", "ENV_PREFIX", "ProxyConfig"]
+
+DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
+DEFAULT_OPENAI_UPSTREAM = "https://api.openai.com"
+ENV_PREFIX = "AGENTCOMPACT_"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+@dataclass
+class ProxyConfig:
+    """Settings of one proxy process.
+
+    Every field ``name`` can be set by the environment variable ``AGENTCOMPACT_<NAME>``
+    (``AGENTCOMPACT_TRIGGER``, ``AGENTCOMPACT_ANTHROPIC_UPSTREAM``…; booleans accept
+    1/0, true/false, yes/no, on/off; ``strategy_options`` is a JSON object).
+
+    :param host: interface to bind (loopback by default: the proxy forwards credentials).
+    :param port: TCP port; 0 picks a free one.
+    :param strategy: a strategy name from the plugin registry (``cliff``, ``summary``…).
+    :param strategy_options: keyword arguments for the strategy's factory.
+    :param trigger: compact when a request's messages exceed this many tokens.
+    :param target: bring them down to at most this many (default: half the trigger).
+    :param counter: token counter spec (``tiktoken``, ``tiktoken:ENC``, ``hf:PATH``, ``chars``).
+    :param anthropic_upstream: base URL for Anthropic paths (request path appended).
+    :param openai_upstream: base URL for every other path.
+    :param record: run directory for the trajectory recorder (``--record``).
+    :param shadow: compute and log compactions but forward every request unchanged.
+    :param strict: refuse (HTTP 400, provider's error shape) a request still over budget.
+    :param debug_dir: write each handled request's incoming and outgoing body here.
+    :param reactive: on a provider context-length error, compact harder and replay once.
+    :param max_sessions: sessions (each with its own engine) kept in memory, LRU.
+    :param connect_timeout: seconds to connect to an upstream.
+    :param read_timeout: seconds between two bytes of an upstream answer.
+    :param log_requests: emit one JSON log line per handled request.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8719
+    strategy: str = "cliff"
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    trigger: int = 100_000
+    target: int | None = None
+    counter: str = "tiktoken"
+    anthropic_upstream: str = DEFAULT_ANTHROPIC_UPSTREAM
+    openai_upstream: str = DEFAULT_OPENAI_UPSTREAM
+    record: str | None = None
+    shadow: bool = False
+    strict: bool = False
+    debug_dir: str | None = None
+    reactive: bool = True
+    max_sessions: int = 256
+    connect_timeout: float = 30.0
+    read_timeout: float = 600.0
+    log_requests: bool = True
+
+    def __post_init__(self) -> None:
+        if self.trigger <= 0:
+            raise ConfigError(f"trigger must be a positive token count, got {self.trigger}")
+        if self.target is not None and not 0 < self.target <= self.trigger:
+            raise ConfigError(f"target must be in (0, trigger={self.trigger}], got {self.target}")
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("anthropic_upstream", "openai_upstream"):
+            url = getattr(self, name)
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"{name} must be an http(s) URL, got {url!r}")
+            setattr(self, name, url.rstrip("/"))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ProxyConfig:
+        """Defaults, then ``AGENTCOMPACT_*`` variables, then ``overrides`` (``None`` skipped)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> ProxyConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(name: str, kind: Any, raw: str) -> Any:
+    kind = str(kind)
+    try:
+        if kind == "bool":
+            low = raw.strip().lower()
+            if low not in _TRUE | _FALSE:
+                raise ValueError(raw)
+            return low in _TRUE
+        if kind.startswith("int"):
+            return int(raw) if raw.strip() else None
+        if kind == "float":
+            return float(raw)
+        if kind.startswith("dict"):
+            value = orjson.loads(raw)
+            if not isinstance(value, dict):
+                raise ValueError(raw)
+            return value
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind}") from None
+    return raw or None if kind.endswith("None") else raw

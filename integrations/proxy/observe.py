@@ -1,0 +1,189 @@
+"""What the proxy reports about itself: counters for the status page, one structured log
+line per request, and ``--debug-dir`` dumps with credentials redacted."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = ["DebugDumper", "ExchangeLog", "ProxyStats", "SessionStats", "redact_headers",
+           "redact_json"]
+
+log = logging.getLogger("agentcompact.proxy")
+
+_SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|session|password", re.IGNORECASE)
+_SECRET_FIELD = re.compile(
+    r"^(?:.*[_-])?(?:api[_-]?key|apikey|authorization|token|access[_-]?token|refresh[_-]?token"
+    r"|id[_-]?token|secret|client[_-]?secret|password|cookie)$",
+    re.IGNORECASE,
+)
+REDACTED = "[redacted]"
+
+
+@dataclass
+class ExchangeLog:
+    """One handled request, as logged (one JSON line) and counted."""
+
+    path: str
+    dialect: str | None
+    session: str | None = None
+    status: int | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    compacted: bool = False
+    modified: bool = False
+    strategy: str | None = None
+    added_ms: float = 0.0
+    probe: bool = False
+    shadow: bool = False
+    retried: bool = False
+    refused: bool = False
+    error: str | None = None
+
+    def emit(self) -> None:
+        log.info("%s", orjson.dumps({"event": "proxy_request", **asdict(self)}).decode())
+
+
+@dataclass
+class SessionStats:
+    """Per-session figures on the status page."""
+
+    dialect: str
+    requests: int = 0
+    compactions: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    tokens_saved: int = 0
+    last_seen: float = field(default_factory=time.time)
+
+
+class ProxyStats:
+    """Counters behind ``GET /agentcompact/status`` (thread-safe, bounded per-session map)."""
+
+    def __init__(self, max_sessions: int = 256) -> None:
+        self.started = time.time()
+        self.requests = 0
+        self.handled = 0
+        self.compactions = 0
+        self.tokens_saved = 0
+        self.shadow_tokens_saved = 0
+        self.retries = 0
+        self.fail_open = 0
+        self.probes = 0
+        self.refused = 0
+        self.open_streams = 0
+        self._sessions: OrderedDict[str, SessionStats] = OrderedDict()
+        self._max = max_sessions
+        self._lock = threading.Lock()
+
+    def count_request(self) -> None:
+        with self._lock:
+            self.requests += 1
+
+    def stream_opened(self, delta: int) -> None:
+        with self._lock:
+            self.open_streams += delta
+
+    def record(self, ex: ExchangeLog, saved: int) -> None:
+        """Fold one handled exchange into the counters."""
+        with self._lock:
+            self.handled += 1
+            self.probes += ex.probe
+            self.retries += ex.retried
+            self.refused += ex.refused
+            self.fail_open += ex.error is not None
+            self.compactions += ex.compacted
+            if ex.shadow:
+                self.shadow_tokens_saved += saved
+            else:
+                self.tokens_saved += saved
+            if ex.session is None or ex.probe:
+                return
+            s = self._sessions.pop(ex.session, None) or SessionStats(ex.dialect or "?")
+            self._sessions[ex.session] = s
+            s.requests += 1
+            s.compactions += ex.compacted
+            s.tokens_in, s.tokens_out = ex.tokens_in or 0, ex.tokens_out or 0
+            s.tokens_saved += saved
+            s.last_seen = time.time()
+            while len(self._sessions) > self._max:
+                self._sessions.popitem(last=False)
+
+    def snapshot(self, **extra: Any) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "uptime_s": round(time.time() - self.started, 3),
+                "requests": self.requests,
+                "handled": self.handled,
+                "compactions": self.compactions,
+                "tokens_saved": self.tokens_saved,
+                "shadow_tokens_saved": self.shadow_tokens_saved,
+                "reactive_retries": self.retries,
+                "fail_open": self.fail_open,
+                "probes": self.probes,
+                "refused": self.refused,
+                "open_streams": self.open_streams,
+                **extra,
+                "sessions": {k: asdict(v) for k, v in reversed(self._sessions.items())},
+            }
+
+
+def redact_headers(headers: Any) -> dict[str, str]:
+    """Headers with every credential-looking value replaced."""
+    return {k: (REDACTED if _SECRET_HEADER.search(k) else v) for k, v in headers.items()}
+
+
+def redact_json(value: Any) -> Any:
+    """A copy of a JSON value with credential-looking fields replaced, recursively."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if isinstance(k, str) and _SECRET_FIELD.match(k) and v
+                    else redact_json(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_json(v) for v in value]
+    return value
+
+
+class DebugDumper:
+    """Writes ``NNNNNN-<session>-in.json`` / ``-out.json`` per request into a private dir.
+
+    The directory is created mode 0700 and each file 0600: dumps hold whole prompts.
+    Header values and body fields that look like credentials are redacted. Failures are
+    logged and never affect the request.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.dir, 0o700)
+        self._seq = itertools.count(1)
+
+    def dump(self, session: str | None, path: str, headers: Any, incoming: Any,
+             outgoing: Any, summary: dict[str, Any]) -> None:
+        try:
+            n = next(self._seq)
+            stem = f"{n:06d}-{session or 'nosession'}"
+            meta = {"path": path, "headers": redact_headers(headers), **summary}
+            self._write(f"{stem}-in.json", {**meta, "body": redact_json(incoming)})
+            if outgoing is not None:
+                self._write(f"{stem}-out.json", {**meta, "body": redact_json(outgoing)})
+        except Exception:
+            log.exception("debug dump failed (request unaffected)")
+
+    def _write(self, name: str, record: dict[str, Any]) -> None:
+        data = orjson.dumps(record, option=orjson.OPT_INDENT_2)
+        fd = os.open(self.dir / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, data)
+        finally:
+            os.close(fd)

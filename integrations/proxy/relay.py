@@ -1,0 +1,107 @@
+"""ASGI responses that relay an upstream answer to the client.
+
+``RelayResponse`` forwards an ``httpx`` streaming response chunk by chunk as it arrives
+(``aiter_raw``: undecoded, unbuffered), so SSE streams reach the client byte-identical and
+without added delay. It watches the client while relaying: when the client disconnects the
+upstream stream is closed at once (no leaked connection or task), and when the upstream
+drops mid-stream the client's connection is aborted too, so it sees a truncated response
+rather than a clean end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import httpx
+
+from .wire import response_headers
+
+__all__ = ["BufferedResponse", "RelayResponse", "UpstreamDropped"]
+
+log = logging.getLogger("agentcompact.proxy")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[dict[str, Any]], Any]
+
+
+class UpstreamDropped(Exception):
+    """The upstream connection failed mid-response; raised to abort the client's too."""
+
+
+class BufferedResponse:
+    """A response whose body is already in memory, with the upstream's raw headers."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status_code = status
+        self.body = body
+        self.raw_headers = [*response_headers(headers),
+                            (b"content-length", str(len(body)).encode())]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body, "more_body": False})
+
+
+class RelayResponse:
+    """Relay ``upstream`` (opened with ``stream=True``) to the client as it arrives.
+
+    :param tee: called with each chunk (``--record`` keeps a copy); must be cheap.
+    :param on_close: called once at the end with ``True`` when the whole body reached the
+        client, ``False`` when the client left or the upstream dropped.
+    """
+
+    def __init__(self, upstream: httpx.Response, *, tee: Callable[[bytes], None] | None = None,
+                 on_close: Callable[[bool], None] | None = None) -> None:
+        self.upstream = upstream
+        self.status_code = upstream.status_code
+        self.tee = tee
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        completed = False
+        dropped: Exception | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
+                try:
+                    completed = await self._relay(send)
+                except (httpx.TransportError, httpx.StreamError) as exc:
+                    dropped = exc
+                except OSError:
+                    pass  # the client went away while we were writing to it
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.upstream.aclose()
+            if self.on_close is not None:
+                try:
+                    self.on_close(completed)
+                except Exception:
+                    log.exception("relay: on_close callback failed")
+        if dropped is not None:
+            log.warning("relay: upstream stream failed mid-body: %r", dropped)
+            raise UpstreamDropped(str(dropped)) from dropped
+
+    async def _relay(self, send: Send) -> bool:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": response_headers(self.upstream.headers.raw)})
+        tee = self.tee
+        async for chunk in self.upstream.aiter_raw():
+            if tee is not None:
+                tee(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
