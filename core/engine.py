@@ -26,6 +26,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import pluggy
 
 from .budget import Budget
@@ -80,6 +81,7 @@ class _View:
     tokens: list[int]
     chain: list[str]
     prefix: list[int]  # prefix[i] = tokens of messages[:i]
+    fixed: int = 0  # tokens sent besides the messages (system prompt, tool schemas)
 
 
 @dataclass
@@ -89,8 +91,8 @@ class _State:
     def tokens_at(self, view: _View, end: int) -> int:
         e = self.entry
         if e is None:
-            return view.prefix[end]
-        total = view.prefix[e.head_len] + e.message_tokens + view.prefix[end] - view.prefix[e.cut]
+            return view.prefix[end] + view.fixed
+        total = view.fixed + view.prefix[e.head_len] + e.message_tokens + view.prefix[end] - view.prefix[e.cut]
         for idx, (digest, _, tokens) in e.overrides.items():
             if idx < end and view.digests[idx] == digest:
                 total += tokens - view.tokens[idx]
@@ -170,19 +172,23 @@ class Engine:
         self.episode_id = episode_id
         self._lock = threading.RLock()
         self._last_chain: tuple[list[str], list[str]] = ([], [])
+        self._fixed_cache: dict[str, int] = {}
 
     @property
     def strategy_name(self) -> str:
         return str(getattr(self.strategy, "name", type(self.strategy).__name__))
 
     # --- public API -----------------------------------------------------------------
-    def compact(self, messages: Sequence[Any], *, force: bool = False) -> CompactionResult:
+    def compact(self, messages: Sequence[Any], *, force: bool = False,
+                fixed_tokens: int = 0) -> CompactionResult:
         """The messages to send for ``messages`` (see the module docstring).
 
         ``force`` compacts even under the trigger, one escalation level harder (reactive
-        retry after a provider's context-length error).
+        retry after a provider's context-length error). ``fixed_tokens`` is what the request
+        carries besides the messages (system prompt, tool schemas): the budget covers both,
+        and the result's token figures include it.
         """
-        gen = self._pipeline(messages, force)
+        gen = self._pipeline(messages, force, fixed_tokens)
         try:
             request = next(gen)
             while True:
@@ -190,9 +196,10 @@ class Engine:
         except StopIteration as stop:
             return self._finish(stop.value)
 
-    async def acompact(self, messages: Sequence[Any], *, force: bool = False) -> CompactionResult:
+    async def acompact(self, messages: Sequence[Any], *, force: bool = False,
+                       fixed_tokens: int = 0) -> CompactionResult:
         """``compact`` for async code: awaits strategies that define ``acompact``."""
-        gen = self._pipeline(messages, force)
+        gen = self._pipeline(messages, force, fixed_tokens)
         try:
             request = next(gen)
             while True:
@@ -204,17 +211,85 @@ class Engine:
                         ) -> tuple[dict[str, Any], CompactionResult]:
         """Compact a provider request body; returns (body to send, result).
 
-        The body is returned unchanged (same object) when nothing was modified.
+        The body is returned unchanged (same object) when nothing was modified. The
+        system prompt, instructions and tool schemas count against the budget.
         """
-        result = self.compact(self.dialect.messages_of(body), force=force)
+        result = self.compact(self.dialect.messages_of(body), force=force,
+                              fixed_tokens=self.fixed_tokens(body))
         if not result.modified:
             return body, result
         return self.dialect.with_messages(body, result.messages), result
+
+    def fixed_tokens(self, body: dict[str, Any]) -> int:
+        """Tokens of a request body besides its messages: system, instructions, tools."""
+        texts = []
+        for key in ("system", "instructions", "tools"):
+            value = body.get(key)
+            if value:
+                texts.append(value if isinstance(value, str) else orjson.dumps(value).decode())
+        if not texts:
+            return 0
+        key = "\x00".join(texts)
+        cached = self._fixed_cache.get(key)
+        if cached is None:
+            cached = sum(self.counter.count_texts(texts))
+            if len(self._fixed_cache) > 256:
+                self._fixed_cache.clear()
+            self._fixed_cache[key] = cached
+        return cached
 
     def count(self, messages: Sequence[Any]) -> int:
         """Tokens of ``messages`` in this engine's counter (cached per message)."""
         with self._lock:
             return sum(self.meter.measure(messages).tokens)
+
+    def context_tokens(self, messages: Sequence[Any]) -> int:
+        """Tokens that would be sent for ``messages`` without a new compaction (the stored
+        compacted prefix substituted)."""
+        view = self._view(messages)
+        view.fixed = fixed
+        n = len(view.messages)
+        return _State(self._lookup(view, n)).tokens_at(view, n)
+
+    def precompact(self, messages: Sequence[Any]) -> CompactionResult:
+        """Compact ``messages`` now, under the trigger, and store the result in the prefix
+        store: the next ``compact`` of a history extending ``messages`` substitutes it
+        (background compaction, see ``agentcompact.background``). Reason ``"background"``.
+        """
+        gen = self._precompact_pipeline(messages)
+        try:
+            request = next(gen)
+            while True:
+                request = gen.send(self._render_sync(request))
+        except StopIteration as stop:
+            return self._finish(stop.value)
+
+    async def aprecompact(self, messages: Sequence[Any]) -> CompactionResult:
+        """``precompact`` for async code (awaits strategies that define ``acompact``)."""
+        gen = self._precompact_pipeline(messages)
+        try:
+            request = next(gen)
+            while True:
+                request = gen.send(await self._render_async(request))
+        except StopIteration as stop:
+            return self._finish(stop.value)
+
+    def _precompact_pipeline(self, messages: Sequence[Any]
+                             ) -> Generator[CompactionRequest, tuple[Rendered | None, str | None],
+                                            tuple[_View, int, _State, list[CompactionEvent]]]:
+        if not isinstance(messages, (list, tuple)):
+            raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
+        view = self._view(messages)
+        view.fixed = fixed
+        n = len(view.messages)
+        state = _State(self._lookup(view, n))
+        before = state.tokens_at(view, n)
+        starts = split_turns(view.messages, self.dialect).starts
+        entry, event = yield from self._compact_at(view, starts, n, state, "background", 0)
+        if entry is not None:
+            self.store.put(view.chain[entry.cut - 1], entry)
+            state = _State(entry)
+        return view, before, state, [event] if event is not None else []
 
     # --- rendering with fallbacks -----------------------------------------------------
     def _render_sync(self, request: CompactionRequest) -> tuple[Rendered | None, str | None]:
@@ -252,12 +327,13 @@ class Engine:
             return None, f"{error}; cliff fallback: {type(exc2).__name__}: {exc2}"
 
     # --- the pipeline ---------------------------------------------------------------
-    def _pipeline(self, messages: Sequence[Any], force: bool
+    def _pipeline(self, messages: Sequence[Any], force: bool, fixed: int = 0
                   ) -> Generator[CompactionRequest, tuple[Rendered | None, str | None],
                                  tuple[_View, int, _State, list[CompactionEvent]]]:
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
         view = self._view(messages)
+        view.fixed = fixed
         n = len(view.messages)
         state = _State(self._lookup(view, n))
         before = state.tokens_at(view, n)
@@ -306,7 +382,7 @@ class Engine:
         max_r = len(cuts) - 1
         if max_r < budget.min_recent_turns:
             return None, None  # nothing new to compact without breaking min_recent_turns
-        head = view.prefix[head_len]
+        head = view.prefix[head_len] + view.fixed
         r = min(budget.recent_turns, max_r)
         while r > budget.min_recent_turns and (
             head + view.prefix[c] - view.prefix[cuts[-1 - r]] > budget.target * _TAIL_SHARE
@@ -331,6 +407,7 @@ class Engine:
         event = self._event(view, state, before, after, head_len, cut, reason, r, t0,
                             error=error, fallback="cliff" if error else None,
                             items=rendered.items, entry=entry)
+        event.errors = list(getattr(rendered, "errors", None) or [])
         return entry, event
 
     def _truncate_tail(self, view: _View, entry: PrefixEntry, c: int) -> PrefixEntry:
@@ -392,7 +469,7 @@ class Engine:
                 ) -> CompactionResult:
         view, before, state, events = outcome
         n = len(view.messages)
-        original = view.prefix[n]
+        original = view.prefix[n] + view.fixed
         entry = state.entry
         out = state.messages_at(view, n)
         after = state.tokens_at(view, n)
@@ -424,7 +501,7 @@ class Engine:
             if events:
                 events[-1].error = f"output failed validation: {exc}"
                 events[-1].fallback = "none"
-            return list(view.messages), view.prefix[len(view.messages)], None
+            return list(view.messages), view.prefix[len(view.messages)] + view.fixed, None
         return out, after, entry
 
     # --- measuring and lookup ---------------------------------------------------------
@@ -434,7 +511,7 @@ class Engine:
             measured = self.meter.measure(msgs)
             last_digests, last_chain = self._last_chain
             k = 0
-            for a, b in zip(measured.digests, last_digests):
+            for a, b in zip(measured.digests, last_digests, strict=False):
                 if a != b:
                     break
                 k += 1

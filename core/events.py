@@ -55,7 +55,9 @@ class CompactionEvent:
     substitution); ``tokens_after`` what is sent. ``cut`` is the index in the original
     history from which messages are kept verbatim; ``head_len`` how many leading messages
     stayed verbatim. ``error`` names the failure when a strategy raised and the engine
-    fell back (``fallback`` says to what: ``"cliff"`` or ``"none"``).
+    fell back (``fallback`` says to what: ``"cliff"`` or ``"none"``). ``errors`` lists
+    partial failures the strategy recovered from without a fallback (a parallel block
+    rendered verbatim because its summary failed).
     """
 
     strategy: str
@@ -76,6 +78,7 @@ class CompactionEvent:
     dropped: list[DroppedItem] = field(default_factory=list)
     episode_id: str | None = None
     timestamp: float = field(default_factory=time.time)
+    errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -64,12 +64,18 @@ class CompactionRequest:
 
 @dataclass
 class Rendered:
-    """A strategy's output: the compaction message (``None``: no message at all)."""
+    """A strategy's output: the compaction message (``None``: no message at all).
+
+    ``errors`` lists partial failures the strategy recovered from (e.g. a parallel block
+    whose summary failed and was rendered verbatim); the engine copies them to
+    ``CompactionEvent.errors``. They never go into the message.
+    """
 
     message: Any
     tokens: int
     level: int = 0
     items: list[DroppedItem] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
 
 @runtime_checkable
