@@ -1,0 +1,57 @@
+"""RL training data: the segment-row schema, advantages, GAE, loss aggregation, adapters.
+
+Import the pieces from their modules; the numpy-only parts are re-exported here::
+
+    from agentcompact.rl import grpo_advantages, broadcast_to_segments, validate_rows
+
+* :mod:`agentcompact.rl.schema` — ``SEGMENT_SCHEMA``, ``EPISODE_SCHEMA``, ``validate_rows``,
+  JSONL / Parquet readers and writers (pyarrow; ``export`` extra).
+* :mod:`agentcompact.rl.advantages` — GRPO / Dr.GRPO / RLOO over episodes, broadcasting.
+* :mod:`agentcompact.rl.gae` — verl GAE, chain and truncated-chain GAE, whitening.
+* :mod:`agentcompact.rl.loss` — the five aggregation modes as per-token weights (numpy).
+* :mod:`agentcompact.rl.torch_data` — ``SegmentDataset``, ``collate``, ``policy_loss``
+  (torch; ``rl`` extra) — not imported here, so this package works without torch.
+* :mod:`agentcompact.rl.adapters` — verl / TRL / SkyRL layouts (torch).
+
+The math, with worked numbers, is in ``docs/rl-math.md``.
+"""
+
+from __future__ import annotations
+
+from agentcompact.rl.advantages import (
+    assign_advantages,
+    broadcast_to_segments,
+    drgrpo_advantages,
+    grpo_advantages,
+    rloo_advantages,
+)
+from agentcompact.rl.gae import chain_gae, gae, masked_whiten, truncated_chain_gae
+from agentcompact.rl.loss import LOSS_MODES, aggregate, token_weights, weights_for_rows
+from agentcompact.rl.schema import (
+    EPISODE_SCHEMA,
+    SCHEMA_VERSION,
+    SEGMENT_SCHEMA,
+    SegmentRowError,
+    validate_rows,
+)
+
+__all__ = [
+    "EPISODE_SCHEMA",
+    "LOSS_MODES",
+    "SCHEMA_VERSION",
+    "SEGMENT_SCHEMA",
+    "SegmentRowError",
+    "aggregate",
+    "assign_advantages",
+    "broadcast_to_segments",
+    "chain_gae",
+    "drgrpo_advantages",
+    "gae",
+    "grpo_advantages",
+    "masked_whiten",
+    "rloo_advantages",
+    "token_weights",
+    "truncated_chain_gae",
+    "validate_rows",
+    "weights_for_rows",
+]

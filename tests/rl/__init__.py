@@ -1,0 +1,1 @@
+"""Tests of agentcompact.rl (a package so that helpers import relatively)."""
