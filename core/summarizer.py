@@ -232,7 +232,7 @@ class SyncSession:
                     attempt += 1
                     continue
                 s.log(info, prompt, None, time.perf_counter() - t0, str(error))
-                raise error from exc
+                raise _final(error, attempt) from exc
             s.log(info, prompt, output, output.latency_s, None)
             return output
 
@@ -274,7 +274,7 @@ class AsyncSession:
                     attempt += 1
                     continue
                 s.log(info, prompt, None, time.perf_counter() - t0, str(error))
-                raise error from exc
+                raise _final(error, attempt) from exc
             s.log(info, prompt, output, output.latency_s, None)
             return output
 
@@ -364,6 +364,14 @@ def _classify(exc: Exception) -> SummarizerError:
     if module.startswith(("httpx", "httpcore")) or isinstance(exc, (OSError, EOFError)):
         return _Retryable(f"summarizer transport error: {name}: {exc}")
     return SummarizerError(f"summarizer failed: {name}: {exc}")
+
+
+def _final(error: SummarizerError, attempt: int) -> SummarizerError:
+    """The error to raise once retries are exhausted (a plain ``SummarizerError``)."""
+    if isinstance(error, _Retryable):
+        tries = f" (after {attempt + 1} attempts)" if attempt else ""
+        return SummarizerError(f"{error}{tries}")
+    return error
 
 
 def _retryable(error: SummarizerError, attempt: int, s: Summarizer) -> bool:

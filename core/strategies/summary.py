@@ -423,9 +423,12 @@ class SummaryStrategy:
 
     def _parts(self, entries: list[Entry], window: int, out_budget: int,
                counter: TokenCounter) -> list[tuple[list[Entry], int]]:
-        limit = self._limit(window, out_budget, counter)
-        if self.overflow == "trim" or _tokens(counter, [e.text for e in entries]) <= limit:
+        if self.overflow == "trim" or _tokens(counter, [e.text for e in entries]) <= self._limit(
+                window, out_budget, counter):
             return [(entries, out_budget)]
+        # each part's output is a share of out_budget, at most a quarter of the window
+        reserve = min(out_budget, int(window * _WINDOW_MARGIN) // 4)
+        limit = self._limit(window, reserve, counter)
         parts: list[list[Entry]] = [[]]
         used = 0
         sizes = counter.count_texts([e.text for e in entries])
@@ -436,7 +439,8 @@ class SummaryStrategy:
             parts[-1].append(entry)
             used += size + 1
         total = sum(len(e.text) for e in entries) or 1
-        return [(p, max(1, out_budget * sum(len(e.text) for e in p) // total)) for p in parts]
+        return [(p, max(1, min(reserve, out_budget * sum(len(e.text) for e in p) // total)))
+                for p in parts]
 
     def _limit(self, window: int, out_budget: int, counter: TokenCounter) -> int:
         system = counter.count_texts([self.prompt])[0]

@@ -1,0 +1,110 @@
+"""Fixtures for the LLM strategies: a loopback upstream simulator, histories, a hook log."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from agentcompact import CompactionEvent, SummaryCall, hookimpl, new_plugin_manager
+from agentcompact.integrations.upstream_sim import RunningServer, Script, UpstreamSim, serve
+from agentcompact.integrations.upstream_sim import digest_reply as digest_reply
+from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
+
+WORDS = ("the build of src/app.py failed with FileNotFoundError at line 42 so we ran make "
+         "test again and pytest reported 3 errors in tests/test_io.py ").split()
+
+
+def words(n: int, seed: int) -> str:
+    return " ".join(WORDS[(seed * 7 + i) % len(WORDS)] for i in range(n))
+
+
+def history(turns: int, result_words: int = 300, *, start: int = 0,
+            human_every: int = 0) -> list[dict[str, Any]]:
+    """A chat history: system + task, then ``turns`` tool turns; turn ``k`` carries the
+    marker ``TURN<k>`` in its call, result and (when ``human_every``) a user message."""
+    msgs: list[dict[str, Any]] = [] if start else [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing build. Never touch setup.cfg."}]
+    for k in range(start, start + turns):
+        call = {"id": f"call_{k}", "type": "function",
+                "function": {"name": "bash", "arguments": json.dumps({"cmd": f"make TURN{k}"})}}
+        msgs.append({"role": "assistant", "content": f"Step TURN{k}: run make.",
+                     "tool_calls": [call]})
+        msgs.append({"role": "tool", "tool_call_id": f"call_{k}",
+                     "content": f"TURN{k} output: " + words(result_words, k)})
+        if human_every and k % human_every == human_every - 1:
+            msgs.append({"role": "user", "content": f"User note TURN{k}: keep going."})
+    return msgs
+
+
+def grow(msgs: list[dict[str, Any]], turns: int, **kw: Any) -> list[dict[str, Any]]:
+    first = sum(1 for m in msgs if m["role"] == "assistant")
+    return msgs + history(turns, start=first, **kw)
+
+
+class HookLog:
+    """Collects compaction events and summarizer calls."""
+
+    def __init__(self) -> None:
+        self.events: list[CompactionEvent] = []
+        self.calls: list[SummaryCall] = []
+
+    @hookimpl
+    def agentcompact_on_compaction(self, event: CompactionEvent) -> None:
+        self.events.append(event)
+
+    @hookimpl
+    def agentcompact_log_summary_call(self, call: SummaryCall) -> None:
+        self.calls.append(call)
+
+
+@pytest.fixture
+def log() -> HookLog:
+    return HookLog()
+
+
+@pytest.fixture
+def pm(log: HookLog) -> Any:
+    manager = new_plugin_manager()
+    manager.register(log, name="test-log")
+    return manager
+
+
+@pytest.fixture
+def sim() -> Iterator[Callable[..., RunningServer]]:
+    """``sim(script=None, **UpstreamSim kwargs)`` starts a simulator on loopback."""
+    servers: list[RunningServer] = []
+
+    def start(script: Script | None = None, **kwargs: Any) -> RunningServer:
+        server = serve(UpstreamSim(script or Script(then=digest_reply), **kwargs)).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def client(server: RunningServer, **extra: Any) -> dict[str, Any]:
+    return {"base_url": f"{server.base_url}/v1", "model": "sim-summarizer",
+            "api_key": "sk-test", "max_retries": 0, **extra}
+
+
+def prompt_of(request: Any) -> str:
+    """All text the summarizer was sent in one recorded request."""
+    return "\n".join(str(m.get("content")) for m in request.body["messages"])
+
+
+def text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else json.dumps(content)
+
+
+def assert_clean_prompts(server: RunningServer) -> None:
+    """Summarizer prompts hold original messages only: never one of our compactions."""
+    for request in server.requests:
+        text = prompt_of(request)
+        assert SUMMARY_HEADER not in text and COMPACTION_HEADER not in text
+        assert "agentcompact:" not in text
