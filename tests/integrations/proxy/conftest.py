@@ -21,6 +21,7 @@ class Sent:
     """What the upstream sent back for one request: status and the exact body bytes."""
 
     path: str
+    request: bytes = b""
     status: int = 0
     chunks: list[bytes] = field(default_factory=list)
     completed: bool = False
@@ -32,8 +33,9 @@ class Sent:
 
 
 class ResponseTap:
-    """ASGI middleware recording every response the wrapped app sends, byte for byte, and
-    whether it ended normally (``completed``) or was cut off by a disconnect."""
+    """ASGI middleware recording every request body the wrapped app receives and every
+    response it sends, byte for byte, and whether the response ended normally
+    (``completed``) or was cut off by a disconnect."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -47,6 +49,12 @@ class ResponseTap:
         record = Sent(scope["path"])
         self.sent.append(record)
 
+        async def listen() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "http.request":
+                record.request += message.get("body", b"")
+            return message
+
         async def tap(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
@@ -56,7 +64,7 @@ class ResponseTap:
             await send(message)
 
         try:
-            await self.app(scope, receive, tap)
+            await self.app(scope, listen, tap)
         finally:
             record.finished.set()
 

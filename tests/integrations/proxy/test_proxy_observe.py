@@ -1,0 +1,136 @@
+"""--record, --debug-dir, the status page and per-request log lines."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import orjson
+import pytest
+from agentcompact.integrations.upstream_sim import Reply, ToolCall
+
+from .conftest import ProxyFactory, Upstream
+from .histories import anthropic_history, chat_history, responses_history
+
+pytestmark = pytest.mark.network
+
+MODEL = "sim-model"
+CLAUDE_USER_ID = orjson.dumps({"device_id": "dev-1", "account_uuid": "acct-secret",
+                               "session_id": "5f0c-claude-session"}).decode()
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "events.jsonl").read_bytes().splitlines()
+    return [orjson.loads(line) for line in lines]
+
+
+def test_record_anthropic_stream_reassembled(start_proxy: ProxyFactory, upstream: Upstream,
+                                             tmp_path: Path) -> None:
+    proxy = start_proxy(record=str(tmp_path / "run"), trigger=3000, counter="chars")
+    upstream.sim.script.push(
+        Reply.calling(ToolCall("read_file", {"path": "a.py"}), ToolCall("ls", {}), text="Go.")
+        .thinking_first("plan it", "sig-rec"))
+    with anthropic.Anthropic(base_url=proxy.base_url, api_key="k", max_retries=0) as client:
+        with client.messages.stream(model=MODEL, max_tokens=256, messages=anthropic_history(20),
+                                    metadata={"user_id": CLAUDE_USER_ID}) as stream:
+            final = stream.get_final_message()
+    proxy.stop()  # closes the recorder
+    events = read_events(tmp_path / "run")
+    calls = [e["data"] for e in events if e["kind"] == "model_call"]
+    compactions = [e["data"] for e in events if e["kind"] == "compaction"]
+    (call,) = calls
+    assert call["messages"] == upstream.requests[-1].body["messages"]
+    assert call["compacted"] and compactions
+    assert {c["episode_id"] for c in compactions} == {call["episode_id"]}
+    (response,) = call["response"]
+    assert response["content"] == [b.model_dump(exclude_none=True) for b in final.content]
+    assert response["content"][0]["signature"] == "sig-rec"
+    assert call["usage"]["output_tokens"] == final.usage.output_tokens
+    assert call["request"]["metadata"]["user_id"] == CLAUDE_USER_ID
+    assert "messages" not in call["request"]
+
+
+def test_record_chat_and_responses_streams(start_proxy: ProxyFactory, upstream: Upstream,
+                                           tmp_path: Path) -> None:
+    proxy = start_proxy(record=str(tmp_path / "run"), trigger=3000, counter="chars")
+    upstream.sim.script.push(Reply.calling(ToolCall("a", {"x": 1}), ToolCall("b", {}), text="T"),
+                             Reply.tool("shell", {"cmd": "ls"}).thinking_first("r", "enc-9"))
+    with openai.OpenAI(base_url=f"{proxy.base_url}/v1", api_key="k", max_retries=0) as client:
+        chunks = list(client.chat.completions.create(
+            model=MODEL, messages=chat_history(3), stream=True,
+            stream_options={"include_usage": True}))
+        events = list(client.responses.create(model=MODEL, input=responses_history(3),
+                                              stream=True))
+    proxy.stop()
+    chat, resp = (e["data"] for e in read_events(tmp_path / "run") if e["kind"] == "model_call")
+    (message,) = chat["response"]
+    assert message["content"] == "T"
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"])
+            for c in message["tool_calls"]] == [
+        ("call_sim0001_0", "a", '{"x":1}'), ("call_sim0001_1", "b", "{}")]
+    assert chat["usage"] == chunks[-1].usage.model_dump(exclude_none=True) | chat["usage"]
+    final = events[-1].response
+    assert resp["response"] == [item.model_dump(exclude_none=True) for item in final.output] \
+        or [i["type"] for i in resp["response"]] == [i.type for i in final.output]
+    assert resp["response"][0]["encrypted_content"] == "enc-9"
+    assert resp["usage"]["output_tokens"] == final.usage.output_tokens
+
+
+def test_debug_dir_is_private_and_redacted(start_proxy: ProxyFactory, upstream: Upstream,
+                                           tmp_path: Path) -> None:
+    debug = tmp_path / "debug"
+    proxy = start_proxy(debug_dir=str(debug), trigger=3000, counter="chars")
+    body = {"model": MODEL, "max_tokens": 64, "messages": anthropic_history(20),
+            "metadata": {"user_id": CLAUDE_USER_ID, "api_key": "sk-in-body-secret"}}
+    with httpx.Client(base_url=proxy.base_url) as client:
+        response = client.post("/v1/messages", json=body, headers={
+            "x-api-key": "sk-ant-secret-key", "authorization": "Bearer oauth-secret-token",
+            "cookie": "session=cookie-secret"})
+    assert response.status_code == 200
+    assert stat.S_IMODE(debug.stat().st_mode) == 0o700
+    files = sorted(debug.iterdir())
+    assert [f.name.rsplit("-", 1)[1] for f in files] == ["in.json", "out.json"]
+    for f in files:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+        text = f.read_text()
+        for secret in ("sk-ant-secret-key", "oauth-secret-token", "cookie-secret",
+                       "sk-in-body-secret"):
+            assert secret not in text
+    dumped_in, dumped_out = (orjson.loads(f.read_bytes()) for f in files)
+    assert len(dumped_in["body"]["messages"]) == len(body["messages"])
+    assert len(dumped_out["body"]["messages"]) == len(upstream.requests[-1].body["messages"])
+    assert dumped_in["body"]["max_tokens"] == 64  # not mistaken for a credential
+    assert os.stat(files[0]).st_uid == os.getuid()
+
+
+def test_status_and_request_log(start_proxy: ProxyFactory, upstream: Upstream,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    proxy = start_proxy(trigger=3000, counter="chars", log_requests=True)
+    with caplog.at_level(logging.INFO, logger="agentcompact.proxy"), \
+            anthropic.Anthropic(base_url=proxy.base_url, api_key="sk-ant-never-logged",
+                                max_retries=0) as client:
+        for turns in (20, 21):
+            client.messages.create(model=MODEL, max_tokens=64, messages=anthropic_history(turns),
+                                   metadata={"user_id": CLAUDE_USER_ID})
+        client.messages.create(model=MODEL, max_tokens=64, messages=anthropic_history(2))
+    status = httpx.get(f"{proxy.base_url}/agentcompact/status").json()
+    assert status["requests"] == status["handled"] == 3
+    assert status["compactions"] >= 1 and status["tokens_saved"] > 0
+    assert status["uptime_s"] > 0 and status["strategy"] == "cliff"
+    assert len(status["sessions"]) == 2
+    claude_session = max(status["sessions"].values(), key=lambda s: s["requests"])
+    assert claude_session["requests"] == 2 and claude_session["dialect"] == "anthropic"
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records
+             if r.getMessage().startswith("{")]
+    assert len(lines) == 3
+    assert {"session", "tokens_in", "tokens_out", "compacted", "strategy",
+            "added_ms"} <= set(lines[0])
+    assert lines[0]["compacted"] and lines[0]["tokens_out"] < lines[0]["tokens_in"]
+    assert lines[0]["session"] == lines[1]["session"] != lines[2]["session"]
+    assert "sk-ant-never-logged" not in caplog.text and "acct-secret" not in caplog.text

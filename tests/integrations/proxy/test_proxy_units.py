@@ -1,0 +1,125 @@
+"""Pure parts of the proxy: routing, probes, error detection, sessions, config, reassembly."""
+
+from __future__ import annotations
+
+import argparse
+
+import orjson
+import pytest
+from agentcompact import ConfigError, get_dialect
+from agentcompact.integrations.proxy import ProxyConfig
+from agentcompact.integrations.proxy.cli import add_parser, build_config
+from agentcompact.integrations.proxy.observe import redact_headers, redact_json
+from agentcompact.integrations.proxy.reassemble import iter_sse, reassemble
+from agentcompact.integrations.proxy.wire import (
+    dialect_for,
+    error_body,
+    is_anthropic_path,
+    is_context_error,
+    is_probe,
+    request_headers,
+    session_key,
+)
+
+from .histories import anthropic_history
+
+
+@pytest.mark.parametrize(("path", "dialect", "anthropic"), [
+    ("/v1/messages", "anthropic", True),
+    ("/v1/messages/count_tokens", None, True),
+    ("/v1/chat/completions", "openai_chat", False),
+    ("/api/v1/chat/completions", "openai_chat", False),
+    ("/v1/responses", "openai_responses", False),
+    ("/backend-api/codex/responses", "openai_responses", False),
+    ("/v1/responses/compact", None, False),
+    ("/v1/models", None, False),
+])
+def test_routing(path: str, dialect: str | None, anthropic: bool) -> None:
+    assert dialect_for(path) == dialect
+    assert is_anthropic_path(path) is anthropic
+
+
+def test_probe_and_context_errors() -> None:
+    assert is_probe({"max_tokens": 1}) and is_probe({"max_output_tokens": 0})
+    assert not is_probe({"max_tokens": 2}) and not is_probe({})
+    assert is_context_error(400, b'{"error":{"message":"prompt is too long: 2 > 1"}}')
+    assert is_context_error(400, b'{"error":{"code":"context_length_exceeded"}}')
+    assert is_context_error(413, b"This model's maximum context length is 8192 tokens")
+    assert not is_context_error(500, b"prompt is too long")
+    assert not is_context_error(400, b'{"error":{"message":"invalid tool schema"}}')
+
+
+def test_request_headers_drop_hop_by_hop_keep_credentials() -> None:
+    headers = [(b"host", b"x"), (b"connection", b"keep-alive"), (b"content-length", b"9"),
+               (b"authorization", b"Bearer t"), (b"accept-encoding", b"gzip"),
+               (b"anthropic-beta", b"b1")]
+    assert request_headers(headers) == [(b"authorization", b"Bearer t"),
+                                        (b"anthropic-beta", b"b1"),
+                                        (b"accept-encoding", b"identity")]
+
+
+def test_error_bodies_have_provider_shapes() -> None:
+    assert error_body("anthropic", 400, "m")["error"] == {"type": "invalid_request_error",
+                                                          "message": "m"}
+    assert error_body("openai_chat", 502, "m", code="c")["error"]["code"] == "c"
+
+
+def test_session_keys() -> None:
+    d = get_dialect("anthropic")
+    history = anthropic_history(3)
+    claude = {"metadata": {"user_id": orjson.dumps({"session_id": "abc"}).decode()}}
+    legacy = {"metadata": {"user_id": "user_ff_account_aa_session_1234abcd-99"}}
+    assert session_key(d, claude, {}, history) == session_key(d, claude, {}, history[:1])
+    assert session_key(d, legacy, {}, history) != session_key(d, claude, {}, history)
+    assert session_key(d, {}, {"x-session-id": "s"}, history) != session_key(d, {}, {}, history)
+    root = session_key(d, {}, {}, history)
+    assert root == session_key(d, {}, {}, history[:3])  # grows: same root
+    other = [{"role": "user", "content": "another task"}]
+    assert root != session_key(d, {}, {}, other)
+    assert len(root) == 16 and "abc" not in root
+
+
+def test_config_env_and_flag_precedence() -> None:
+    env = {"AGENTCOMPACT_TRIGGER": "120000", "AGENTCOMPACT_SHADOW": "yes",
+           "AGENTCOMPACT_ANTHROPIC_UPSTREAM": "http://up:1/", "AGENTCOMPACT_TARGET": "",
+           "AGENTCOMPACT_STRATEGY_OPTIONS": '{"keep": 2}'}
+    config = ProxyConfig.from_env(env, trigger=90000)
+    assert (config.trigger, config.shadow, config.target) == (90000, True, None)
+    assert config.anthropic_upstream == "http://up:1" and config.strategy_options == {"keep": 2}
+    with pytest.raises(ConfigError):
+        ProxyConfig.from_env({"AGENTCOMPACT_STRICT": "maybe"})
+    with pytest.raises(ConfigError):
+        ProxyConfig(trigger=100, target=200)
+
+
+def test_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTCOMPACT_PORT", "9000")
+    monkeypatch.setenv("AGENTCOMPACT_STRICT", "1")
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["proxy", "--trigger", "5000", "--shadow",
+                              "--strategy-option", "cap=300", "--strategy-option", "x=abc"])
+    config = build_config(args)
+    assert (config.port, config.trigger, config.shadow, config.strict) == (9000, 5000, True, True)
+    assert config.strategy_options == {"cap": 300, "x": "abc"}
+    assert args.func.__name__ == "run"
+
+
+def test_redaction() -> None:
+    assert redact_headers({"x-api-key": "k", "Authorization": "b", "accept": "a"}) == {
+        "x-api-key": "[redacted]", "Authorization": "[redacted]", "accept": "a"}
+    assert redact_json({"api_key": "s", "max_tokens": 5, "nested": [{"access_token": "t"}]}) == {
+        "api_key": "[redacted]", "max_tokens": 5, "nested": [{"access_token": "[redacted]"}]}
+
+
+def test_sse_parsing_and_truncated_stream() -> None:
+    data = b"event: a\r\ndata: {\"x\": 1}\r\n\r\n: comment\n\ndata: [DONE]\n\n"
+    assert list(iter_sse(data)) == [("a", '{"x": 1}'), (None, "[DONE]")]
+    cut = (b'event: message_start\ndata: {"type":"message_start","message":{"model":"m",'
+           b'"usage":{"input_tokens":3}}}\n\nevent: content_block_start\ndata: {"type":'
+           b'"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n'
+           b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta",'
+           b'"text":"hi"}}\n\n')
+    got = reassemble("anthropic", cut, streamed=True)
+    assert got.response == [{"role": "assistant", "content": [{"type": "text", "text": "hi"}]}]
+    assert not got.complete and got.model == "m"
