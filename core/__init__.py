@@ -30,7 +30,7 @@ from .errors import (
 from .events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, SummaryCall
 from .hookspecs import hookimpl, hookspec
 from .logging_hooks import log_episode_end, log_model_call, log_summary_call
-from .plugins import get_dialect, get_plugin_manager, new_plugin_manager
+from .pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
 from .store import InMemoryPrefixStore, PrefixEntry, PrefixStore
 from .strategies.base import CompactionRequest, Rendered, Strategy
 from .tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter

@@ -19,7 +19,9 @@ class Budget:
     """Token budget of an engine.
 
     :param trigger_tokens: compact when the context to send is larger than this.
-    :param target_tokens: size to bring it down to; default half the trigger.
+    :param target_tokens: size to bring it down to; default a quarter of the trigger (the
+        cheapest setting with prompt caching on the sessions in benchmarks/README.md:
+        fewer tokens re-read per call outweigh the more frequent cache writes).
     :param min_recent_turns: turns always kept verbatim at the end, whatever it costs.
     :param recent_turns: turns kept verbatim when they fit (escalation goes down to
         ``min_recent_turns``).
@@ -59,7 +61,7 @@ class Budget:
 
     @property
     def target(self) -> int:
-        return self.target_tokens if self.target_tokens is not None else self.trigger_tokens // 2
+        return self.target_tokens if self.target_tokens is not None else self.trigger_tokens // 4
 
     @property
     def limit(self) -> int:

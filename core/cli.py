@@ -47,7 +47,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from .plugins import get_plugin_manager, registry
+    from .pluginmanager import get_plugin_manager, registry
 
     pm = get_plugin_manager()
     reg = registry(pm)

@@ -50,7 +50,8 @@ def _turn(rng: random.Random, k: int) -> list[dict[str, Any]]:
         call = {"name": "Read", "input": {"file_path": path}}
         result = _code(rng, rng.randint(40, 400))
     elif kind == "test":
-        call = {"name": "Bash", "input": {"command": f"pytest -x -q tests/ -k {rng.choice(_WORDS)}"}}
+        command = f"pytest -x -q tests/ -k {rng.choice(_WORDS)}"
+        call = {"name": "Bash", "input": {"command": command}}
         result = _log(rng, rng.randint(20, 300))
     elif kind == "grep":
         call = {"name": "Grep", "input": {"pattern": rng.choice(_WORDS), "path": "src/"}}

@@ -33,7 +33,7 @@ from .budget import Budget
 from .dialects.base import Dialect
 from .errors import AgentCompactError, ConfigError, OverBudgetError
 from .events import CompactionEvent, DroppedItem
-from .plugins import get_plugin_manager, registry
+from .pluginmanager import get_plugin_manager, registry
 from .store import InMemoryPrefixStore, PrefixEntry, PrefixStore, chain_digests
 from .strategies.base import CompactionRequest, Rendered
 from .strategies.cliff import CliffStrategy
@@ -92,7 +92,8 @@ class _State:
         e = self.entry
         if e is None:
             return view.prefix[end] + view.fixed
-        total = view.fixed + view.prefix[e.head_len] + e.message_tokens + view.prefix[end] - view.prefix[e.cut]
+        total = view.fixed + view.prefix[e.head_len] + e.message_tokens
+        total += view.prefix[end] - view.prefix[e.cut]
         for idx, (digest, _, tokens) in e.overrides.items():
             if idx < end and view.digests[idx] == digest:
                 total += tokens - view.tokens[idx]
@@ -171,7 +172,7 @@ class Engine:
         self.validate_output = validate_output
         self.episode_id = episode_id
         self._lock = threading.RLock()
-        self._last_chain: tuple[list[str], list[str]] = ([], [])
+        self._last_view: _View | None = None
         self._fixed_cache: dict[str, int] = {}
 
     @property
@@ -247,7 +248,6 @@ class Engine:
         """Tokens that would be sent for ``messages`` without a new compaction (the stored
         compacted prefix substituted)."""
         view = self._view(messages)
-        view.fixed = fixed
         n = len(view.messages)
         return _State(self._lookup(view, n)).tokens_at(view, n)
 
@@ -280,7 +280,6 @@ class Engine:
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
         view = self._view(messages)
-        view.fixed = fixed
         n = len(view.messages)
         state = _State(self._lookup(view, n))
         before = state.tokens_at(view, n)
@@ -508,17 +507,30 @@ class Engine:
     def _view(self, messages: Sequence[Any]) -> _View:
         msgs = list(messages)
         with self._lock:
-            measured = self.meter.measure(msgs)
-            last_digests, last_chain = self._last_chain
+            last = self._last_view
             k = 0
-            for a, b in zip(measured.digests, last_digests, strict=False):
-                if a != b:
-                    break
-                k += 1
-            chain = chain_digests(measured.digests, last_chain[:k])
-            self._last_chain = (measured.digests, chain)
-        prefix = [0, *itertools.accumulate(measured.tokens)]
-        return _View(msgs, measured.digests, measured.tokens, chain, prefix)
+            if last is not None:
+                for a, b in zip(msgs, last.messages):
+                    if a is not b:
+                        break
+                    k += 1
+            if last is not None and k:
+                # the shared prefix is the same objects as last call's: reuse its figures
+                measured = self.meter.measure(msgs[k:])
+                digests = last.digests[:k] + measured.digests
+                tokens = last.tokens[:k] + measured.tokens
+                chain = chain_digests(digests, last.chain[:k])
+                prefix = last.prefix[: k + 1]
+                prefix += itertools.accumulate(measured.tokens, initial=prefix[-1])
+                del prefix[k + 1]
+            else:
+                measured = self.meter.measure(msgs)
+                digests, tokens = measured.digests, measured.tokens
+                chain = chain_digests(digests)
+                prefix = [0, *itertools.accumulate(tokens)]
+            view = _View(msgs, digests, tokens, chain, prefix)
+            self._last_view = view
+        return view
 
     def _lookup(self, view: _View, n: int) -> PrefixEntry | None:
         get = self.store.get

@@ -7,7 +7,7 @@ from typing import Any
 import pluggy
 
 from .events import EpisodeEnd, ModelCall, SummaryCall
-from .plugins import get_plugin_manager
+from .pluginmanager import get_plugin_manager
 
 __all__ = ["log_episode_end", "log_model_call", "log_summary_call"]
 

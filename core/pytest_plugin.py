@@ -21,7 +21,7 @@ import pytest
 from .engine import Engine
 from .events import CompactionEvent
 from .hookspecs import hookimpl
-from .plugins import new_plugin_manager
+from .pluginmanager import new_plugin_manager
 
 __all__ = ["agentcompact_engine", "agentcompact_events", "agentcompact_pm"]
 

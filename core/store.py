@@ -15,7 +15,6 @@ workers: entries round-trip through ``to_dict`` / ``from_dict``).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
+import xxhash
 
 __all__ = ["InMemoryPrefixStore", "PrefixEntry", "PrefixStore", "chain_digests"]
 
@@ -30,11 +30,11 @@ __all__ = ["InMemoryPrefixStore", "PrefixEntry", "PrefixStore", "chain_digests"]
 def chain_digests(digests: Sequence[str], start: Sequence[str] = ()) -> list[str]:
     """``chain[i]`` identifies ``messages[:i+1]`` as a sequence; extends ``start``."""
     chain = list(start)
-    prev = chain[-1].encode() if chain else b""
-    blake = hashlib.blake2b
+    prev = chain[-1] if chain else ""
+    digest = xxhash.xxh3_128_hexdigest
     for d in digests[len(chain):]:
-        prev = blake(prev + d.encode(), digest_size=16).hexdigest().encode()
-        chain.append(prev.decode())
+        prev = digest((prev + d).encode())
+        chain.append(prev)
     return chain
 
 
@@ -91,6 +91,8 @@ class InMemoryPrefixStore:
         self._lock = threading.Lock()
 
     def get(self, key: str) -> PrefixEntry | None:
+        if key not in self._data:  # lock-free miss: the common case of a prefix scan
+            return None
         with self._lock:
             hit = self._data.get(key)
             if hit is None:

@@ -1,6 +1,6 @@
 """Message dialects: one module per wire format of messages.
 
-Look a dialect up by name with ``agentcompact.plugins.get_dialect(name)`` (plugins may add
+Look a dialect up by name with ``agentcompact.get_dialect(name)`` (plugins may add
 their own); the built-in ones are importable here too.
 """
 

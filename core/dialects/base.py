@@ -7,12 +7,12 @@ every kept message passes through by reference.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
+import xxhash
 
 from ..errors import DialectError, ValidationError
 from ..markers import elision, is_marked
@@ -55,10 +55,12 @@ def _strip_volatile(obj: Any) -> Any:
 def digest_of(message: Any) -> str:
     """Canonical content digest of a JSON-able message; ``cache_control`` excluded."""
     try:
-        data = orjson.dumps(_strip_volatile(message), option=orjson.OPT_SORT_KEYS)
+        data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+        if b'"cache_control"' in data:
+            data = orjson.dumps(_strip_volatile(message), option=orjson.OPT_SORT_KEYS)
     except TypeError as exc:
         raise DialectError(f"message is not JSON-serializable: {exc}") from exc
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return xxhash.xxh3_128_hexdigest(data)
 
 
 def head_tail_spans(text: str, max_chars: int) -> tuple[str, int, str]:

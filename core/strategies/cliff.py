@@ -67,23 +67,45 @@ class CliffStrategy:
 
     def compact(self, request: CompactionRequest) -> Rendered:
         items = _collect(request, self.carry_forward_human)
+        rates = _token_rates(request, items)
         counter = request.meter.counter
         header_tokens = counter.count_texts([COMPACTION_HEADER])[0] + MESSAGE_OVERHEAD
         budget = request.budget_tokens - header_tokens
         level = min(request.level, len(self.levels) - 1)
         while True:
             blocks = [_render_item(request, item, self.levels[level]) for item in items]
-            sizes = counter.count_texts(["".join(t for _, t in b) for b in blocks])
+            sizes = [_estimate(block, rate) for block, rate in zip(blocks, rates)]
             total = sum(sizes) + len(blocks)
             if total <= budget or level == len(self.levels) - 1:
                 break
             level += 1
-        keep = _fit(items, sizes, budget) if total > budget else [True] * len(items)
-        segments = _assemble(blocks, keep)
-        text = "".join(t for _, t in segments)
-        tokens = request.meter.count_text_message(text)
+        # Sizes are estimated from each original's tokens per character; the exact count
+        # of the assembled message corrects the estimate (a few refits at most).
+        fit_budget = budget
+        for _ in range(4):
+            keep = _fit(items, sizes, fit_budget) if total > fit_budget else [True] * len(items)
+            text = "".join(t for _, t in _assemble(blocks, keep))
+            tokens = request.meter.count_text_message(text)
+            if tokens <= request.budget_tokens or not any(keep):
+                break
+            fit_budget = int(fit_budget * request.budget_tokens / tokens) - 8
         message = request.dialect.text_message(text)
         return Rendered(message, tokens, level, _report(request, items, blocks, keep))
+
+
+def _token_rates(request: CompactionRequest, items: Sequence[_Item]) -> list[float]:
+    """Tokens per character of each item's original message (from cached counts)."""
+    measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
+    rates = []
+    for item, tokens in zip(items, measured):
+        chars = sum(len(p.text) + len(p.name) for p in item.parts)
+        rates.append(tokens / chars if chars else 0.3)
+    return rates
+
+
+def _estimate(block: Sequence[Seg], rate: float) -> int:
+    chars = sum(len(t) for _, t in block)
+    return int(chars * max(rate, 0.2)) + 2 if chars else 0
 
 
 @dataclass(frozen=True)

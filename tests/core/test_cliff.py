@@ -121,8 +121,9 @@ def test_render_message_hook_overrides_with_quotes() -> None:
 
     pm.register(Quote())
     msgs = build("openai_chat", PLAN)
-    engine = Engine("cliff", "openai_chat", Budget(8000), plugins=pm)
+    engine = Engine("cliff", "openai_chat", Budget(8000, 6000), plugins=pm)
     r = engine.compact(msgs)
     text = r.messages[r.head_len]["content"]
-    head = msgs[4]["content"]
+    last_tool = max(i for i in range(r.cut) if msgs[i]["role"] == "tool")
+    head = msgs[last_tool]["content"]
     assert f"[tool result]\n{head[:10]}\n" in text and f"[tool result]\n{head[:11]}" not in text

@@ -164,7 +164,7 @@ def test_strict_raises_when_over_limit() -> None:
 def test_huge_kept_result_is_truncated_head_and_tail() -> None:
     msgs = build("openai_chat", PLAN[:4])
     msgs[-1] = {**msgs[-1], "content": "HEAD " + "filler line\n" * 3000 + " TAIL"}
-    e = engine("openai_chat", trigger=4000)
+    e = Engine("cliff", "openai_chat", Budget(4000, 2000), plugins=new_plugin_manager())
     r = e.compact(msgs)
     assert r.tokens_after <= e.budget.target
     last = r.messages[-1]["content"]

@@ -1,0 +1,126 @@
+"""agentcompact cliff vs CliffCompaction 0.1.0, side by side on real trajectories.
+
+Every model call of each session (the messages before each assistant turn) is sent, in
+order, through both engines, each incrementally as a live proxy or agent would call it:
+
+- engine time per call (``Engine.compact`` vs ``cliffcompaction.engine.Engine.prepare``);
+- the largest context each one sends, in real o200k tokens (the same counter measures
+  both outputs), against the trigger;
+- input cost with prompt caching (cache read 0.1×, cache write 1.25× the input price);
+- whether every output passes ``agentcompact.validate``.
+
+Two input modes: ``objects`` (the same message objects every call, as in-process
+integrations pass them) and ``json`` (each call parses a fresh copy, as a proxy sees them).
+
+Run:  TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/core_vs_cliffcompaction.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from cliffcompaction import dialects as cc_dialects
+from cliffcompaction.config import Config
+from cliffcompaction.engine import Engine as CliffEngine
+
+from agentcompact import Budget, Engine, ValidationError, get_dialect, validate
+from agentcompact.cachecost import CacheCost
+from agentcompact.tokens import MessageMeter, TiktokenCounter
+from agentcompact.trajectory.loaders import load
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
+CLAUDE = sorted((DATA / "claude-code").glob("*-*-*-*-*.jsonl"))
+MINI = sorted((DATA / "mini-swe-agent-pr816-deepseek").rglob("*.traj.json"))
+CC_DIALECT = {"anthropic": cc_dialects.anthropic.DIALECT,
+              "openai_chat": cc_dialects.openai_chat.DIALECT}
+
+
+@dataclass
+class Side:
+    times: list[float] = field(default_factory=list)
+    cost: CacheCost = field(default_factory=CacheCost)
+    invalid: int = 0
+    over: int = 0
+
+
+def call_points(messages: list[Any], dialect: Any) -> list[int]:
+    return [i for i in range(1, len(messages) + 1)
+            if i == len(messages) or (dialect.is_model_output(messages[i])
+                                      and not dialect.is_model_output(messages[i - 1]))]
+
+
+def run_session(messages: list[Any], dialect_name: str, trigger: int, mode: str,
+                meter: MessageMeter) -> tuple[Side, Side]:
+    dialect = get_dialect(dialect_name)
+    ours = Engine(strategy="cliff", dialect=dialect_name, budget=Budget(trigger_tokens=trigger))
+    theirs = CliffEngine(Config(threshold_tokens=trigger))
+    cc = CC_DIALECT[dialect_name]
+    a, b = Side(), Side()
+    blob = orjson.dumps(messages) if mode == "json" else b""
+    for c in call_points(messages, dialect):
+        context = orjson.loads(blob)[:c] if mode == "json" else messages[:c]
+        context2 = orjson.loads(blob)[:c] if mode == "json" else messages[:c]
+        t0 = time.perf_counter()
+        sent = ours.compact(context).messages
+        a.times.append(time.perf_counter() - t0)
+        body = {"messages": context2}
+        t0 = time.perf_counter()
+        ctx = theirs.prepare(body, cc)
+        b.times.append(time.perf_counter() - t0)
+        sent2 = ctx.outgoing_body()["messages"]
+        for side, out in ((a, sent), (b, sent2)):
+            m = meter.measure(out)
+            call = side.cost.add(m.digests, m.tokens)
+            side.over += call.tokens > trigger
+            try:
+                validate(out, dialect, allow_pending=True)
+            except ValidationError:
+                side.invalid += 1
+    return a, b
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=["objects", "json", "both"], default="both")
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        raise SystemExit(f"shared data absent: {DATA}")
+    counter = TiktokenCounter()
+    sets = [("claude-code", CLAUDE, 60_000), ("mini-swe-agent", MINI, 30_000)]
+    modes = ["objects", "json"] if args.mode == "both" else [args.mode]
+    print(f"{'set':15} {'mode':7} {'calls':>6} {'ms/call ours':>12} {'ms/call cliff':>13} "
+          f"{'time ratio':>10} {'peak ours':>9} {'peak cliff':>10} {'trigger':>7} "
+          f"{'cost ratio':>10} {'invalid o/c':>11} {'over o/c':>8}")
+    for mode in modes:
+        for name, files, trigger in sets:
+            meters: dict[str, MessageMeter] = {}
+            sides = [Side(), Side()]
+            peaks = [0, 0]
+            costs = [0.0, 0.0]
+            for path in files:
+                for traj in load(path):
+                    meter = meters.setdefault(traj.dialect, MessageMeter(
+                        counter, get_dialect(traj.dialect)))
+                    a, b = run_session(traj.messages, traj.dialect, trigger, mode, meter)
+                    for k, side in enumerate((a, b)):
+                        sides[k].times += side.times
+                        sides[k].invalid += side.invalid
+                        sides[k].over += side.over
+                        peaks[k] = max(peaks[k], side.cost.peak)
+                        costs[k] += side.cost.cost
+            ta = statistics.mean(sides[0].times) * 1000
+            tb = statistics.mean(sides[1].times) * 1000
+            print(f"{name:15} {mode:7} {len(sides[0].times):6d} {ta:12.3f} {tb:13.3f} "
+                  f"{ta / tb:10.3f} {peaks[0]:9,d} {peaks[1]:10,d} {trigger:7,d} "
+                  f"{costs[0] / costs[1]:10.3f} {sides[0].invalid:5d}/{sides[1].invalid:<5d} "
+                  f"{sides[0].over:3d}/{sides[1].over:<3d}")
+
+
+if __name__ == "__main__":
+    main()
