@@ -1,0 +1,400 @@
+"""LlamaIndex integration: a ``ChatMessage`` dialect, a compacting memory for
+``FunctionAgent`` / ``AgentWorkflow``, and an instrumentation handler that logs model calls.
+
+Install with ``pip install agentcompact[llamaindex]``::
+
+    memory = CompactingMemory(trigger_tokens=60000, episode_id="run-1")
+    with memory.logger:                      # log every LLM call (optional)
+        await agent.run("fix the bug", memory=memory)
+
+:class:`CompactingMemory` keeps the full history (``get_all()``); ``get()`` / ``aget()``
+return the compacted view the agent sends to its model. Kept messages are the stored
+``ChatMessage`` objects themselves.
+
+Note: ``FunctionAgent`` reads memory once per step but keeps the current run's tool loop in
+its own scratchpad until the run ends, so the memory compacts everything up to the start
+of the current run; a single run with a very long tool loop is not compacted until it ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, ClassVar
+
+import orjson
+import pluggy
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    TextBlock,
+    ThinkingBlock,
+    ToolCallBlock,
+)
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
+from llama_index.core.memory import BaseMemory
+from pydantic import ConfigDict, PrivateAttr
+
+from ..budget import Budget
+from ..dialects.base import Dialect, Part, head_tail
+from ..engine import CompactionResult, Engine
+from ..errors import ConfigError, ValidationError
+from ..events import ModelCall, new_id
+from ..hookspecs import hookimpl
+from ..logging_hooks import log_model_call
+from ..store import InMemoryPrefixStore, PrefixEntry
+
+__all__ = [
+    "CompactingMemory",
+    "LlamaIndexDialect",
+    "ModelCallLogger",
+    "agentcompact_register_dialects",
+    "to_openai_chat",
+]
+
+_ROLES = {"chatbot": "assistant", "model": "assistant", "function": "tool"}
+_MEDIA = frozenset({"image", "audio", "video", "document"})
+
+
+def _call_fields(call: Any) -> tuple[str, str, str]:
+    """(id, name, arguments JSON) of an OpenAI-style tool call, dict or SDK object."""
+    if isinstance(call, dict):
+        fn = call.get("function") or {}
+        return str(call.get("id") or ""), str(fn.get("name") or ""), str(fn.get("arguments") or "")
+    fn = getattr(call, "function", None)
+    return (str(getattr(call, "id", "") or ""), str(getattr(fn, "name", "") or ""),
+            str(getattr(fn, "arguments", "") or ""))
+
+
+def _tool_calls(message: Any) -> list[tuple[str, str, str]]:
+    blocks = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
+    if blocks:
+        return [(str(b.tool_call_id or ""), b.tool_name,
+                 b.tool_kwargs if isinstance(b.tool_kwargs, str)
+                 else json.dumps(b.tool_kwargs, separators=(",", ":"))) for b in blocks]
+    return [_call_fields(c) for c in message.additional_kwargs.get("tool_calls") or ()]
+
+
+def _block_key(block: Any) -> Any:
+    kind = getattr(block, "block_type", type(block).__name__)
+    if isinstance(block, TextBlock):
+        return [kind, block.text]
+    if isinstance(block, ThinkingBlock):
+        return [kind, block.content]
+    if isinstance(block, ToolCallBlock):
+        return [kind, block.tool_call_id, block.tool_name, block.tool_kwargs]
+    ref = getattr(block, "url", None) or getattr(block, "path", None)
+    return [kind, str(ref) if ref else repr(block)[:4096]]
+
+
+class LlamaIndexDialect(Dialect):
+    """LlamaIndex ``ChatMessage`` objects: role, ``blocks``, tool calls as ``ToolCallBlock``
+    blocks or ``additional_kwargs["tool_calls"]``, tool results as ``tool`` messages with
+    ``additional_kwargs["tool_call_id"]``. Messages are never mutated."""
+
+    name: ClassVar[str] = "llama_index"
+
+    def role(self, message: Any) -> str:
+        role = getattr(message.role, "value", message.role)
+        return _ROLES.get(str(role), str(role))
+
+    def tool_call_ids(self, message: Any) -> tuple[str, ...]:
+        if self.role(message) != "assistant":
+            return ()
+        return tuple(dict.fromkeys(ref for ref, _, _ in _tool_calls(message)))
+
+    def tool_result_ids(self, message: Any) -> tuple[str, ...]:
+        if self.role(message) != "tool":
+            return ()
+        return (str(message.additional_kwargs.get("tool_call_id", "")),)
+
+    def parts(self, message: Any) -> list[Part]:
+        parts: list[Part] = []
+        for block in message.blocks:
+            if isinstance(block, TextBlock):
+                parts.append(Part("text", block.text))
+            elif isinstance(block, ThinkingBlock):
+                info = block.additional_information or {}
+                parts.append(Part("thinking", block.content or "",
+                                  opaque=bool(info.get("signature"))))
+            elif getattr(block, "block_type", "") in _MEDIA:
+                parts.append(Part("image"))
+            elif not isinstance(block, ToolCallBlock):
+                parts.append(Part("other"))
+        if self.role(message) == "tool":
+            text = "\n".join(p.text for p in parts if p.text)
+            ref = str(message.additional_kwargs.get("tool_call_id", ""))
+            return [Part("tool_result", text, ref=ref)]
+        for ref, name, args in _tool_calls(message):
+            parts.append(Part("tool_call", args, name, ref))
+        return parts
+
+    def digest(self, message: Any) -> str:
+        data = [self.role(message), [_block_key(b) for b in message.blocks],
+                _tool_calls(message), message.additional_kwargs.get("tool_call_id")]
+        raw = orjson.dumps(data, default=str)
+        return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+    def text_message(self, text: str, role: str = "user") -> Any:
+        return ChatMessage(role=role, blocks=[TextBlock(text=text)])
+
+    def truncate(self, message: Any, max_chars: int) -> Any:
+        blocks = [TextBlock(text=head_tail(b.text, max_chars))
+                  if isinstance(b, TextBlock) and len(b.text) > max_chars else b
+                  for b in message.blocks]
+        if all(a is b for a, b in zip(blocks, message.blocks, strict=True)):
+            return message
+        return message.model_copy(update={"blocks": blocks})
+
+    def check_shape(self, message: Any, index: int) -> None:
+        if not isinstance(message, ChatMessage):
+            raise ValidationError(
+                f"llama_index: message {index} is {type(message).__name__}, not a ChatMessage",
+                index)
+
+
+_DIALECT = LlamaIndexDialect()
+
+
+@hookimpl
+def agentcompact_register_dialects(register: Callable[..., None]) -> None:
+    """Register the ``llama_index`` dialect.
+
+    ``pm.register(agentcompact.integrations.llamaindex)`` makes it available by name.
+    """
+    register(_DIALECT)
+
+
+def to_openai_chat(message: ChatMessage) -> dict[str, Any]:
+    """An OpenAI chat dict for a ``ChatMessage`` (for logging and export)."""
+    role = _DIALECT.role(message)
+    text = "\n".join(b.text for b in message.blocks if isinstance(b, TextBlock))
+    if role == "tool":
+        return {"role": "tool", "tool_call_id": str(message.additional_kwargs.get(
+            "tool_call_id", "")), "content": text}
+    out: dict[str, Any] = {"role": role, "content": text}
+    thinking = "".join(b.content or "" for b in message.blocks if isinstance(b, ThinkingBlock))
+    if thinking:
+        out["reasoning_content"] = thinking
+    calls = _tool_calls(message) if role == "assistant" else []
+    if calls:
+        out["content"] = text or None
+        out["tool_calls"] = [{"id": ref, "type": "function",
+                              "function": {"name": name, "arguments": args}}
+                             for ref, name, args in calls]
+    return out
+
+
+# ------------------------------------------------------------------------- the memory
+
+
+class _ObjectEntry(PrefixEntry):
+    """A prefix entry holding ``ChatMessage`` objects: sized by their text, not JSON."""
+
+    def nbytes(self) -> int:
+        copies = [self.message, *(v[1] for v in self.overrides.values())]
+        return sum(len(_DIALECT.text_of(m)) for m in copies if m is not None)
+
+
+class _ObjectPrefixStore(InMemoryPrefixStore):
+    def put(self, key: str, entry: PrefixEntry) -> None:
+        super().put(key, _ObjectEntry(entry.head_len, entry.cut, entry.message,
+                                      entry.message_tokens, entry.strategy, entry.level,
+                                      entry.overrides))
+
+
+def _make_engine(engine: Engine | None, plugins: pluggy.PluginManager | None,
+                 episode_id: str | None, kwargs: dict[str, Any]) -> Engine:
+    if engine is not None:
+        if kwargs:
+            raise ConfigError(f"engine= given together with engine options {sorted(kwargs)}")
+        if not isinstance(engine.dialect, LlamaIndexDialect):
+            raise ConfigError(f"engine dialect is {engine.dialect.name!r}; it must be a "
+                              "LlamaIndexDialect for ChatMessage objects")
+        if type(engine.store) is InMemoryPrefixStore and not len(engine.store):
+            engine.store = _ObjectPrefixStore()  # the default sizes entries as JSON
+        return engine
+    if "budget" not in kwargs and "trigger_tokens" not in kwargs:
+        raise ConfigError("give engine=, budget= or trigger_tokens=")
+    kwargs.setdefault("strategy", "cliff")
+    kwargs.setdefault("store", _ObjectPrefixStore())
+    return Engine(dialect=_DIALECT, plugins=plugins, episode_id=episode_id, **kwargs)
+
+
+class CompactingMemory(BaseMemory):
+    """Agent memory that keeps the full history and hands the model a compacted view.
+
+    :param engine: an :class:`~agentcompact.Engine` with a :class:`LlamaIndexDialect`, or
+        ``trigger_tokens=`` (and any other ``Engine`` option).
+    :param episode_id: / :param group_id: stamped on compaction events and on the model
+        calls :attr:`logger` records.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    history: list[ChatMessage] = []
+    _engine: Engine = PrivateAttr()
+    _episode_id: str = PrivateAttr()
+    _group_id: str | None = PrivateAttr(default=None)
+    _last: CompactionResult | None = PrivateAttr(default=None)
+    _logger: ModelCallLogger | None = PrivateAttr(default=None)
+
+    def __init__(self, engine: Engine | None = None, *, trigger_tokens: int | None = None,
+                 target_tokens: int | None = None, budget: Budget | None = None,
+                 episode_id: str | None = None, group_id: str | None = None,
+                 plugins: pluggy.PluginManager | None = None,
+                 history: Sequence[ChatMessage] = (), **engine_kwargs: Any) -> None:
+        super().__init__(history=list(history))
+        for key, value in (("trigger_tokens", trigger_tokens), ("target_tokens", target_tokens),
+                           ("budget", budget)):
+            if value is not None:
+                engine_kwargs[key] = value
+        self._engine = _make_engine(engine, plugins, episode_id, engine_kwargs)
+        self._episode_id = episode_id or self._engine.episode_id or new_id()
+        self._group_id = group_id
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CompactingMemory"
+
+    @classmethod
+    def from_defaults(cls, **kwargs: Any) -> CompactingMemory:
+        """``CompactingMemory(**kwargs)`` (LlamaIndex's constructor convention)."""
+        return cls(**kwargs)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def last_result(self) -> CompactionResult | None:
+        """The compaction result of the latest ``get`` / ``aget``."""
+        return self._last
+
+    @property
+    def logger(self) -> ModelCallLogger:
+        """A :class:`ModelCallLogger` with this memory's episode, group and plugins."""
+        if self._logger is None:
+            self._logger = ModelCallLogger(episode_id=self._episode_id, group_id=self._group_id,
+                                           plugins=self._engine.pm)
+        return self._logger
+
+    # reading: the compacted view, or everything
+    def get(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
+        self._last = self._engine.compact(self.history)
+        return list(self._last.messages)
+
+    async def aget(self, input: str | None = None, **kwargs: Any  # noqa: A002
+                   ) -> list[ChatMessage]:
+        self._last = await self._engine.acompact(self.history)
+        return list(self._last.messages)
+
+    def get_all(self) -> list[ChatMessage]:
+        return list(self.history)
+
+    async def aget_all(self) -> list[ChatMessage]:
+        return self.get_all()
+
+    # writing: always the full history (no thread hops: order is kept)
+    def put(self, message: ChatMessage) -> None:
+        self.history = [*self.history, message]
+
+    async def aput(self, message: ChatMessage) -> None:
+        self.put(message)
+
+    def put_messages(self, messages: list[ChatMessage]) -> None:
+        self.history = [*self.history, *messages]
+
+    async def aput_messages(self, messages: list[ChatMessage]) -> None:
+        self.put_messages(messages)
+
+    def set(self, messages: list[ChatMessage]) -> None:
+        self.history = list(messages)
+
+    async def aset(self, messages: list[ChatMessage]) -> None:
+        self.set(messages)
+
+    def reset(self) -> None:
+        self.history = []
+
+    async def areset(self) -> None:
+        self.reset()
+
+
+# ------------------------------------------------------------------------- RL logging
+
+
+def _usage(response: ChatResponse) -> dict[str, Any]:
+    counts = {k: response.additional_kwargs[k]
+              for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+              if isinstance(response.additional_kwargs.get(k), int)}
+    if counts:
+        return counts
+    usage = getattr(response.raw, "usage", None) or (
+        response.raw.get("usage") if isinstance(response.raw, dict) else None)
+    dump = getattr(usage, "model_dump", None)
+    value = dump() if callable(dump) else usage
+    return dict(value) if isinstance(value, dict) else {}
+
+
+class ModelCallLogger(BaseEventHandler):
+    """A LlamaIndex instrumentation handler firing ``agentcompact_log_model_call`` for each
+    chat call (streamed calls when the stream ends).
+
+    Attach it to the root dispatcher for a block (``with logger: ...``) or with
+    :meth:`attach` / :meth:`detach`. Messages are logged as OpenAI chat dicts.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    episode_id: str = ""
+    group_id: str | None = None
+    _pm: pluggy.PluginManager | None = PrivateAttr(default=None)
+
+    def __init__(self, *, episode_id: str | None = None, group_id: str | None = None,
+                 plugins: pluggy.PluginManager | None = None) -> None:
+        super().__init__(episode_id=episode_id or new_id(), group_id=group_id)
+        self._pm = plugins
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "AgentCompactModelCallLogger"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        if not isinstance(event, LLMChatEndEvent) or event.response is None:
+            return
+        response = event.response
+        model = getattr(response.raw, "model", None) or (
+            response.raw.get("model") if isinstance(response.raw, dict) else None)
+        call = ModelCall(
+            episode_id=self.episode_id, dialect="openai_chat",
+            messages=[to_openai_chat(m) for m in event.messages],
+            response=[to_openai_chat(response.message)], usage=_usage(response),
+            model=str(model) if model else None, group_id=self.group_id,
+            compacted=any(_DIALECT.is_synthetic(m) for m in event.messages),
+        )
+        log_model_call(call, self._pm)
+
+    def attach(self) -> ModelCallLogger:
+        """Start logging: add this handler to LlamaIndex's root dispatcher."""
+        root = get_dispatcher()
+        if not any(h is self for h in root.event_handlers):
+            root.add_event_handler(self)
+        return self
+
+    def detach(self) -> None:
+        """Stop logging."""
+        root = get_dispatcher()
+        root.event_handlers = [h for h in root.event_handlers if h is not self]
+
+    def __enter__(self) -> ModelCallLogger:
+        return self.attach()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.detach()
