@@ -25,8 +25,9 @@ they no longer fit beside the new ones — older detail ages out, nothing is rew
 Failures: a block whose summarizer call fails (HTTP error, timeout, context length after
 one refit) is rendered by the cliff strategy restricted to that block (verbatim excerpts,
 not cached, retried next time) and its error is listed in ``Rendered.errors`` (the engine
-copies it to ``CompactionEvent.errors``). When every new block fails the strategy raises
-``SummarizerError`` and the engine falls back to cliff for the whole span.
+copies it to ``CompactionEvent.errors``). When every block fails (none summarized now,
+none cached) the strategy raises ``SummarizerError`` and the engine falls back to cliff
+for the whole span.
 """
 
 from __future__ import annotations
@@ -202,10 +203,9 @@ class ParallelStrategy:
         earlier = [u for u in units if u[1] <= request.span_start]
         span = [u for u in units if u[0] >= request.span_start]
         blocks = self._recover(ctx, earlier)
-        cached_tokens = sum(b.tokens for b in blocks if b.text is not None)
-        need_tokens = sum(b.tokens for b in blocks if b.text is None) + sum(u[2] for u in span)
-        new_share = budget * need_tokens // max(1, need_tokens + cached_tokens)
-        span_share = new_share * sum(u[2] for u in span) // max(1, need_tokens)
+        span_tokens = sum(u[2] for u in span)
+        old_tokens = sum(b.tokens for b in blocks if b.text is not None)
+        span_share = budget * span_tokens // max(1, span_tokens + old_tokens)
         blocks += self._split(ctx, span, max(span_share, self.min_block_output_tokens))
         if not blocks:
             raise CompactionError("parallel: nothing to summarize in the compacted range")
@@ -213,6 +213,8 @@ class ParallelStrategy:
             if block.text is None:
                 block.text = self.cache.get(block.key)
             block.new = block.text is None
+        need = sum(b.tokens for b in blocks if b.new)
+        new_share = budget * need // max(1, sum(b.tokens for b in blocks))
         blocks, omitted = _drop_oldest(blocks, budget - new_share, counter)
         self._assign_budgets(blocks, budget, counter)
         return _Plan(blocks, omitted, budget)
@@ -300,9 +302,8 @@ class ParallelStrategy:
     # --- rendering --------------------------------------------------------------------
     def _rendered(self, request: CompactionRequest, plan: _Plan) -> Rendered:
         counter = request.meter.counter
-        new = [b for b in plan.blocks if b.new]
-        if new and all(b.error for b in new):
-            raise SummarizerError(f"parallel: every block failed; first: {new[0].error}")
+        if all(b.error for b in plan.blocks):
+            raise SummarizerError(f"parallel: every block failed; first: {plan.blocks[0].error}")
         pieces = ([f"[… summaries of {plan.omitted} earlier parts omitted …]"]
                   if plan.omitted else [])
         errors: list[str] = []

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
 from agentcompact import CompactionEvent, SummaryCall, hookimpl, new_plugin_manager
 from agentcompact.integrations.upstream_sim import RunningServer, Script, UpstreamSim, serve
 from agentcompact.integrations.upstream_sim import digest_reply as digest_reply

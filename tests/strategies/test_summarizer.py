@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from agentcompact.errors import ConfigError, SummarizerError
 from agentcompact.integrations.upstream_sim import Fault, Reply, Script
 from agentcompact.summarizer import CallInfo, Summarizer, SummarizerOverflow
