@@ -1,0 +1,60 @@
+"""``agentcompact replay``: see what each strategy does to real sessions.
+
+Every model call of recorded sessions is replayed through every chosen strategy side by
+side; :func:`replay` returns a :class:`ReplayReport` with tokens, prompt-cache share, cost,
+time, needed-context recall and a record of what each compaction dropped.
+"""
+
+from __future__ import annotations
+
+from .baselines import (
+    BASELINES,
+    LLM_STRATEGIES,
+    CliffCompactionContender,
+    Contender,
+    ContenderSettings,
+    EngineContender,
+    FullHistory,
+    Sent,
+    SlidingWindow,
+)
+from .pricing import PRICES, ModelPrice, call_cost, resolve_price
+from .recall import SALIENT_PATTERNS, ItemIndex, RecallCount, extract_items
+from .replay import (
+    CompactionRecord,
+    ReplayReport,
+    SharedCounter,
+    StrategyRun,
+    TrajectoryReplay,
+    count_calls,
+    replay,
+    replay_trajectory,
+)
+
+__all__ = [
+    "BASELINES",
+    "LLM_STRATEGIES",
+    "PRICES",
+    "SALIENT_PATTERNS",
+    "CliffCompactionContender",
+    "CompactionRecord",
+    "Contender",
+    "ContenderSettings",
+    "EngineContender",
+    "FullHistory",
+    "ItemIndex",
+    "ModelPrice",
+    "RecallCount",
+    "ReplayReport",
+    "Sent",
+    "SharedCounter",
+    "SlidingWindow",
+    "StrategyRun",
+    "TrajectoryReplay",
+    "call_cost",
+    "count_calls",
+    "extract_items",
+    "replay",
+    "replay_trajectory",
+    "resolve_price",
+]
