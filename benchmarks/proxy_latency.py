@@ -1,0 +1,247 @@
+"""Added latency of the agentcompact proxy vs CliffCompaction's proxy, side by side.
+
+One local upstream (``agentcompact.integrations.upstream_sim``, answering instantly), and
+in front of it both proxies, each served by uvicorn (h11) on loopback in its own process,
+so no server shares a GIL with another or with the measuring client. A session grows by one
+turn per step; at every step the same request body goes directly to the upstream, through
+agentcompact and through CliffCompaction (order rotated), so each proxy's *added* latency is
+paired with a direct call of the same step. Two regimes per size:
+
+- ``under``: trigger far above the size: no compaction, the pure cost of a proxy that
+  parses, measures and forwards;
+- ``over``: trigger below the size: the session is compacted once (warm-up), then every
+  step substitutes the stored compacted prefix (the steady state between cliffs).
+
+Also time to first streamed byte (TTFB) direct vs through each proxy. Prints p50s and
+ratios; no assertions (benchmarks print, tests assert).
+
+    TIKTOKEN_CACHE_DIR=... python benchmarks/proxy_latency.py [--sizes 50000,200000]
+        [--steps 30] [--warmup 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("TIKTOKEN_CACHE_DIR", "/work/shared/data/tiktoken")
+
+import httpx  # noqa: E402 - after the offline tiktoken setting
+import orjson  # noqa: E402
+
+from agentcompact.integrations.proxy import ProxyConfig, create_app  # noqa: E402
+from agentcompact.integrations.upstream_sim import UpstreamSim, filler_text  # noqa: E402
+
+TURN_TOKENS = 1000
+MODEL = "sim-model"
+
+
+def history(n_turns: int) -> list[dict[str, Any]]:
+    """A Claude-Code-like history: task, then turns of tool_use + a ~1k-token tool_result."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
+    for t in range(n_turns):
+        messages.append({"role": "assistant", "content": [
+            {"type": "text", "text": f"Looking at module {t}."},
+            {"type": "tool_use", "id": f"toolu_{t:05d}", "name": "read_file",
+             "input": {"path": f"src/module_{t}.py"}}]})
+        messages.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"toolu_{t:05d}",
+             "content": f"# module_{t}.py\n" + filler_text(TURN_TOKENS)}]})
+    return messages
+
+
+def body(messages: list[dict[str, Any]], stream: bool) -> bytes:
+    return orjson.dumps({"model": MODEL, "max_tokens": 64, "stream": stream,
+                         "system": "You are a coding agent.", "messages": messages})
+
+
+def timed_post(client: httpx.Client, content: bytes) -> float:
+    t0 = time.perf_counter()
+    response = client.post("/v1/messages", content=content,
+                           headers={"content-type": "application/json", "x-api-key": "k"})
+    response.read()
+    elapsed = time.perf_counter() - t0
+    assert response.status_code == 200, response.text[:300]
+    return elapsed
+
+
+def timed_first_byte(client: httpx.Client, content: bytes) -> float:
+    t0 = time.perf_counter()
+    with client.stream("POST", "/v1/messages", content=content,
+                       headers={"content-type": "application/json", "x-api-key": "k"}) as r:
+        chunks = r.iter_raw()
+        next(chunks)
+        elapsed = time.perf_counter() - t0
+        for _ in chunks:
+            pass
+    return elapsed
+
+
+def app_for(role: str, upstream: str, trigger: int) -> Any:
+    """The ASGI app of one server role: the upstream simulator or either proxy."""
+    if role == "sim":
+        return UpstreamSim().app
+    if role == "relay":
+        return bare_relay(upstream)
+    if role == "ours":
+        return create_app(ProxyConfig(trigger=trigger, anthropic_upstream=upstream,
+                                      openai_upstream=upstream, log_requests=False))
+    from cliffcompaction.config import Config
+    from cliffcompaction.proxy import create_app as cliff_app
+
+    return cliff_app(Config(threshold_tokens=trigger, anthropic_upstream=upstream,
+                            openai_upstream=upstream))
+
+
+def bare_relay(upstream: str) -> Any:
+    """The floor: the same HTTP hop (uvicorn in, httpx out, raw relay back) with no parsing."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from agentcompact.integrations.proxy import CompactionProxy
+
+    proxy = CompactionProxy(ProxyConfig(anthropic_upstream=upstream, openai_upstream=upstream,
+                                        log_requests=False))
+
+    async def forward(request: Any) -> Any:
+        return await proxy._passthrough(request, await request.body())
+
+    return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
+
+
+def serve_role(role: str, port: int, upstream: str, trigger: int) -> None:
+    """Child process body: serve one role with the same uvicorn settings for all."""
+    import logging
+
+    import uvicorn
+
+    logging.getLogger("cliffcompaction").setLevel(logging.WARNING)
+    uvicorn.run(app_for(role, upstream, trigger), host="127.0.0.1", port=port,
+                log_level="warning", access_log=False, http="h11", lifespan="on")
+
+
+class Role:
+    """One server in its own process (no GIL shared with the client or the other servers)."""
+
+    def __init__(self, role: str, upstream: str = "", trigger: int = 0) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", role, "--port",
+                                      str(self.port), "--upstream", upstream,
+                                      "--trigger", str(trigger)])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"{role} did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def p50_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1000
+
+
+def run_regime(upstream: str, size: int, regime: str, steps: int, warmup: int
+               ) -> dict[str, float]:
+    n0 = size // TURN_TOKENS
+    trigger = size * 4 if regime == "under" else int(size * 0.8)
+    servers = {name: Role(name, upstream, trigger) for name in ("relay", "ours", "cliff")}
+    urls = {"direct": upstream, **{k: s.base_url for k, s in servers.items()}}
+    clients = {k: httpx.Client(base_url=u, timeout=120) for k, u in urls.items()}
+    full = history(n0 + warmup + steps)
+    total: dict[str, list[float]] = {k: [] for k in urls}
+    ttfb: dict[str, list[float]] = {k: [] for k in urls}
+    try:
+        for step in range(warmup + steps):
+            messages = full[: 1 + 2 * (n0 + step)]
+            plain, streamed = body(messages, False), body(messages, True)
+            k = step % len(urls)
+            order = list(urls)[k:] + list(urls)[:k]
+            for passes, content, fn in ((total, plain, timed_post),
+                                        (ttfb, streamed, timed_first_byte)):
+                for name in order:
+                    elapsed = _measure(fn, clients[name], content)
+                    if step >= warmup:
+                        passes[name].append(elapsed)
+    finally:
+        for c in clients.values():
+            c.close()
+        for s in servers.values():
+            s.stop()
+    out: dict[str, float] = {}
+    for name in ("relay", "ours", "cliff"):
+        added = [p - d for p, d in zip(total[name], total["direct"], strict=True)]
+        first = [p - d for p, d in zip(ttfb[name], ttfb["direct"], strict=True)]
+        out[f"{name}_added_p50_ms"] = p50_ms(added)
+        out[f"{name}_ttfb_delta_p50_ms"] = p50_ms(first)
+    out["direct_p50_ms"] = p50_ms(total["direct"])
+    out["direct_ttfb_p50_ms"] = p50_ms(ttfb["direct"])
+    return out
+
+
+def _measure(fn: Callable[[httpx.Client, bytes], float], client: httpx.Client,
+             content: bytes) -> float:
+    return fn(client, content)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sizes", default="50000,200000", help="request sizes in tokens")
+    parser.add_argument("--steps", type=int, default=30, help="measured steps per regime")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured first steps")
+    parser.add_argument("--regimes", default="under,over")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--upstream", help=argparse.SUPPRESS)
+    parser.add_argument("--trigger", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve_role(args.serve, args.port, args.upstream, args.trigger)
+        return 0
+    print(f"{'size':>7} {'regime':>6} | {'direct':>7} | {'relay+':>7} {'ours+':>7} "
+          f"{'cliff+':>7} {'ratio':>6} {'ratio-net':>9} | {'TTFB direct':>11} {'ours Δ':>7} "
+          f"{'cliff Δ':>7}")
+    upstream = Role("sim")
+    try:
+        for size in (int(s) for s in args.sizes.split(",")):
+            for regime in args.regimes.split(","):
+                r = run_regime(upstream.base_url, size, regime, args.steps, args.warmup)
+                ours, cliff, floor = (r[f"{k}_added_p50_ms"] for k in ("ours", "cliff", "relay"))
+                net = (ours - floor) / (cliff - floor) if cliff > floor else float("nan")
+                print(f"{size:>7} {regime:>6} | {r['direct_p50_ms']:7.2f} | {floor:7.2f} "
+                      f"{ours:7.2f} {cliff:7.2f} {ours / cliff:6.3f} {net:9.3f} | "
+                      f"{r['direct_ttfb_p50_ms']:11.2f} "
+                      f"{r['ours_ttfb_delta_p50_ms']:7.2f} {r['cliff_ttfb_delta_p50_ms']:7.2f}",
+                      flush=True)
+    finally:
+        upstream.stop()
+    print("ms, p50 over paired steps. relay+/ours+/cliff+ = added latency vs direct (relay: the "
+          "bare HTTP hop, no parsing); ratio = ours+/cliff+ (target <= 0.2); ratio-net = "
+          "(ours+ - relay+)/(cliff+ - relay+), the work beyond forwarding; "
+          "Δ = TTFB through the proxy minus direct (target <= 5 ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

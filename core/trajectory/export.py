@@ -1,0 +1,574 @@
+"""Export recorded runs as segment rows for GPU RL training (``agentcompact-traj/1``).
+
+Two passes over the event logs keep memory bounded by one episode (plus one Parquet row
+group and a small per-episode index):
+
+1. *index*: every line is read once; per episode, the byte spans of its events, its group,
+   its ``episode_end`` (reward, stop reason, trial). Group statistics for GRPO / Dr.GRPO /
+   RLOO are computed here, over episodes (``agentcompact.rl.advantages``).
+2. *stream*: group by group, episode by episode, the episode's events are read back by
+   offset, cut into segments (``segments.build_segments``), turned into rows, given
+   advantages and written. Segments of an episode and episodes of a group are contiguous,
+   and a shard is only cut at a group boundary, so every shard can be read on its own.
+
+Output folder: ``segments-NNNNN.parquet`` (or ``.jsonl``), ``episodes.parquet`` (or
+``.jsonl``) and ``manifest.json``; ``validate_export(folder)`` re-reads and checks it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import ConfigError, TrajectoryError, ValidationError
+from ..events import CompactionEvent, ModelCall, SummaryCall
+from ..rl.advantages import (
+    broadcast_to_segments,
+    drgrpo_advantages,
+    grpo_advantages,
+    rloo_advantages,
+)
+from ..rl.gae import assign_gae
+from ..rl.schema import EPISODE_SCHEMA, SCHEMA_VERSION, STOP_REASONS, rows_to_table, to_float32
+from .events_log import EventReader, read_event_at
+from .segments import Segment, build_segments
+from .tokenize import ChatTokenizer
+
+__all__ = [
+    "ADVANTAGES",
+    "DEFAULT_MASKED_STOP_REASONS",
+    "ExportOptions",
+    "export_runs",
+    "iter_export_rows",
+    "read_export",
+    "validate_export",
+]
+
+logger = logging.getLogger(__name__)
+
+ADVANTAGES = ("grpo", "drgrpo", "rloo", "gae-chain", "gae-truncated", "none")
+DEFAULT_MASKED_STOP_REASONS = frozenset({"context_length", "error", "timeout"})
+_ROW_GROUP_TOKENS = 1 << 20  # flush a Parquet row group at about this many tokens
+
+
+@dataclass
+class ExportOptions:
+    """How to export. ``advantage``: one of ``ADVANTAGES``; the GAE modes use V = 0 (no
+    critic) with ``gamma``/``lam`` and are not whitened (the trainer whitens per batch).
+    ``summary_trained`` overrides ``SummaryCall.trained``. Episodes whose stop reason is in
+    ``mask_stop_reasons`` get ``mask_episode`` (zero loss)."""
+
+    fmt: str = "parquet"
+    advantage: str = "grpo"
+    rows_per_shard: int = 10_000
+    summary_trained: bool | None = None
+    mask_stop_reasons: frozenset[str] = DEFAULT_MASKED_STOP_REASONS
+    gamma: float = 1.0
+    lam: float = 1.0
+    eps: float = 1e-6
+    keep_messages: bool = False
+    verify_tokens: bool = False
+    progress: bool = False
+    validate: bool = True
+
+    def check(self) -> None:
+        if self.fmt not in ("parquet", "jsonl"):
+            raise ConfigError(f"format {self.fmt!r}: choose parquet or jsonl")
+        if self.advantage not in ADVANTAGES:
+            raise ConfigError(f"advantage {self.advantage!r}: choose one of {ADVANTAGES}")
+        if self.rows_per_shard < 1:
+            raise ConfigError(f"rows_per_shard must be >= 1, got {self.rows_per_shard}")
+        unknown = set(self.mask_stop_reasons) - STOP_REASONS
+        if unknown:
+            raise ConfigError(f"mask_stop_reasons: unknown stop reasons {sorted(unknown)}")
+
+
+# ----------------------------------------------------------------- pass 1: the index
+
+
+@dataclass
+class _Episode:
+    episode_id: str
+    spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # log, off, len, line
+    calls: int = 0
+    call_group: str | None = None
+    end: dict[str, Any] | None = None
+
+    @property
+    def group_id(self) -> str:
+        group = (self.end or {}).get("group_id") or self.call_group
+        return str(group) if group is not None else self.episode_id
+
+
+@dataclass
+class _Index:
+    logs: list[Path]
+    episodes: dict[str, _Episode] = field(default_factory=dict)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    torn: list[str] = field(default_factory=list)
+
+    def groups(self) -> dict[str, list[_Episode]]:
+        out: dict[str, list[_Episode]] = {}
+        for ep in self.episodes.values():
+            if ep.calls:
+                out.setdefault(ep.group_id, []).append(ep)
+        return out
+
+
+def _index(paths: Sequence[str | os.PathLike[str]]) -> _Index:
+    readers = [EventReader(p) for p in paths]
+    index = _Index([r.path for r in readers])
+    for log, reader in enumerate(readers):
+        last_call: str | None = None
+        for ev in reader:
+            if ev.kind == "run_start":
+                index.runs.append({"log": str(reader.path), **ev.data})
+                continue
+            eid = ev.data.get("episode_id")
+            if eid is None and ev.kind in ("compaction", "summary_call"):
+                eid = last_call  # engine events without an episode follow their call
+            if eid is None:
+                continue
+            ep = index.episodes.setdefault(str(eid), _Episode(str(eid)))
+            ep.spans.append((log, ev.offset, ev.length, ev.line))
+            if ev.kind == "model_call":
+                last_call = str(eid)
+                ep.calls += 1
+                ep.call_group = ep.call_group or ev.data.get("group_id")
+            elif ev.kind == "episode_end":
+                ep.end = ev.data
+        if reader.torn_tail is not None:
+            index.torn.append(reader.torn_tail.describe(reader.path))
+    return index
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    reward: float
+    stop_reason: str
+    sample_index: int
+    incomplete: bool
+
+
+def _outcomes(groups: Mapping[str, list[_Episode]]) -> dict[str, _Outcome]:
+    out: dict[str, _Outcome] = {}
+    for episodes in groups.values():
+        trials = [int((ep.end or {}).get("sample_index", 0)) for ep in episodes]
+        renumber = len(set(trials)) != len(trials)  # trials must identify episodes
+        for pos, (ep, trial) in enumerate(zip(episodes, trials, strict=True)):
+            end = ep.end or {}
+            reward = end.get("reward")
+            stop = str(end.get("stop_reason", "error"))
+            if stop not in STOP_REASONS or stop == "compacted":
+                logger.warning("episode %s: stop_reason %r read as 'error'", ep.episode_id, stop)
+                stop = "error"
+            out[ep.episode_id] = _Outcome(
+                reward=float(reward) if isinstance(reward, (int, float)) else 0.0,
+                stop_reason=stop if ep.end is not None else "error",
+                sample_index=pos if renumber else trial,
+                incomplete=ep.end is None or not isinstance(reward, (int, float)),
+            )
+    return out
+
+
+def _episode_advantages(
+    groups: Mapping[str, list[_Episode]], outcomes: Mapping[str, _Outcome], opts: ExportOptions
+) -> dict[str, float]:
+    table = [{"group_id": gid, "episode_id": ep.episode_id,
+              "episode_reward": float(np.float32(outcomes[ep.episode_id].reward))}
+             for gid, eps in groups.items() for ep in eps]
+    if opts.advantage == "grpo":
+        return grpo_advantages(table, eps=opts.eps)
+    if opts.advantage == "drgrpo":
+        return drgrpo_advantages(table)
+    if opts.advantage == "rloo":
+        return rloo_advantages(table)
+    return {}
+
+
+# ----------------------------------------------------------------- pass 2: rows
+
+
+_DECODERS = {"model_call": ModelCall, "compaction": CompactionEvent, "summary_call": SummaryCall}
+
+
+def _episode_items(
+    index: _Index, files: Sequence[BinaryIO], ep: _Episode
+) -> Iterator[tuple[str, Any]]:
+    for log, offset, length, line in ep.spans:
+        ev = read_event_at(files[log], index.logs[log], offset, length, line)
+        decoder = _DECODERS.get(ev.kind)
+        if decoder is None:
+            continue
+        try:
+            yield ev.kind, decoder.from_dict(ev.data)  # type: ignore[attr-defined]
+        except TypeError as exc:
+            raise TrajectoryError(f"{index.logs[log]}:{line}: bad {ev.kind} event: {exc}"
+                                  ) from exc
+
+
+def _rows(
+    ep: _Episode, segs: list[Segment], outcome: _Outcome, tok: ChatTokenizer,
+    opts: ExportOptions,
+) -> list[dict[str, Any]]:
+    k = len(segs)
+    loss_tokens = sum(sum(s.response_mask) for s in segs)
+    masked = outcome.stop_reason in opts.mask_stop_reasons or outcome.incomplete
+    last_mask = segs[-1].response_mask
+    masked = masked or not last_mask or last_mask[-1] != 1  # reward needs a sampled EOS
+    rows = []
+    for i, s in enumerate(segs):
+        last = i == k - 1
+        rows.append({
+            "schema_version": SCHEMA_VERSION, "group_id": ep.group_id,
+            "episode_id": ep.episode_id, "sample_index": outcome.sample_index,
+            "segment_index": i, "num_segments": k, "is_last_segment": last,
+            "prompt_ids": s.prompt_ids, "response_ids": s.response_ids,
+            "response_mask": s.response_mask, "rollout_logprobs": s.rollout_logprobs,
+            "summary_span": s.summary_span, "summary_trained": s.summary_trained,
+            "compaction_trigger": "none" if last else s.compaction_trigger,
+            "episode_reward": outcome.reward, "segment_reward": 0.0,
+            "stop_reason": outcome.stop_reason if last else "compacted",
+            "mask_episode": masked, "loss_weight": 1.0,
+            "episode_num_loss_tokens": loss_tokens, "episode_num_segments": k,
+            "policy_version": s.policy_version, **tok.info(), "sampling": s.sampling,
+            "messages_json": s.messages_json, "advantages": [0.0] * len(s.response_ids),
+            "returns": None,
+        })
+    return rows
+
+
+def _with_advantages(
+    rows: list[dict[str, Any]], episode_adv: Mapping[str, float], opts: ExportOptions
+) -> list[dict[str, Any]]:
+    if opts.advantage in ("grpo", "drgrpo", "rloo"):
+        return broadcast_to_segments(rows, episode_adv)
+    if opts.advantage.startswith("gae"):
+        zeros = [np.zeros(len(r["response_ids"])) for r in rows]  # V = 0: no critic
+        return assign_gae(rows, zeros, gamma=opts.gamma, lam=opts.lam,
+                          truncated=opts.advantage == "gae-truncated", whiten=False)
+    return rows
+
+
+def _episode_row(rows: Sequence[Mapping[str, Any]], segs: Sequence[Segment],
+                 compactions: int) -> dict[str, Any]:
+    first = rows[0]
+    return {
+        "schema_version": SCHEMA_VERSION, "group_id": first["group_id"],
+        "episode_id": first["episode_id"], "sample_index": first["sample_index"],
+        "episode_reward": first["episode_reward"], "stop_reason": rows[-1]["stop_reason"],
+        "mask_episode": first["mask_episode"], "num_segments": len(rows),
+        "num_compactions": compactions, "num_loss_tokens": first["episode_num_loss_tokens"],
+        "num_response_tokens": sum(len(s.response_ids) for s in segs),
+        "max_working_context": max(s.working_context for s in segs),
+        "policy_version": max(s.policy_version for s in segs),
+    }
+
+
+# ----------------------------------------------------------------- writers
+
+
+class _Writer:
+    """Segment shards (cut at group boundaries) and the episode table."""
+
+    def __init__(self, out: Path, opts: ExportOptions) -> None:
+        self.out, self.opts = out, opts
+        self.files: list[dict[str, Any]] = []
+        self._shard: Any = None
+        self._buffer: list[dict[str, Any]] = []
+        self._tokens = 0
+        self._episodes: list[dict[str, Any]] = []
+        self._ep_writer: Any = None
+        self.episode_rows = 0
+        ext = "parquet" if opts.fmt == "parquet" else "jsonl"
+        self.episodes_path = out / f"episodes.{ext}"
+        if opts.fmt == "jsonl":
+            self._ep_writer = open(self.episodes_path, "wb")  # noqa: SIM115 - closed in close()
+
+    def _open_shard(self) -> None:
+        name = f"segments-{len(self.files):05d}.{self.opts.fmt}"
+        self.files.append({"path": name, "rows": 0})
+        path = self.out / name
+        if self.opts.fmt == "parquet":
+            from ..rl.schema import SEGMENT_SCHEMA
+
+            self._shard = pq.ParquetWriter(str(path), SEGMENT_SCHEMA)
+        else:
+            self._shard = open(path, "wb")  # noqa: SIM115 - closed in _close_shard()
+
+    def add(self, rows: list[dict[str, Any]], episode: dict[str, Any]) -> None:
+        if self._shard is None:
+            self._open_shard()
+        rows = to_float32(rows)
+        self.files[-1]["rows"] += len(rows)
+        if self.opts.fmt == "jsonl":
+            self._shard.write(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        else:
+            self._buffer.extend(rows)
+            self._tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
+            if self._tokens >= _ROW_GROUP_TOKENS or len(self._buffer) >= self.opts.rows_per_shard:
+                self._flush()
+        self._add_episode(episode)
+
+    def _add_episode(self, episode: dict[str, Any]) -> None:
+        self.episode_rows += 1
+        episode = dict(episode, episode_reward=float(np.float32(episode["episode_reward"])))
+        if self.opts.fmt == "jsonl":
+            self._ep_writer.write(orjson.dumps(episode) + b"\n")
+            return
+        self._episodes.append(episode)
+        if len(self._episodes) >= 4096:
+            self._flush_episodes()
+
+    def _flush_episodes(self) -> None:
+        if not self._episodes:
+            return
+        table = pa.Table.from_pylist(self._episodes, schema=EPISODE_SCHEMA)
+        if self._ep_writer is None:
+            self._ep_writer = pq.ParquetWriter(str(self.episodes_path), EPISODE_SCHEMA)
+        self._ep_writer.write_table(table)
+        self._episodes = []
+
+    def _flush(self) -> None:
+        if self._buffer:
+            self._shard.write_table(rows_to_table(self._buffer))
+        self._buffer, self._tokens = [], 0
+
+    def end_group(self) -> None:
+        if self._shard is not None and self.files[-1]["rows"] >= self.opts.rows_per_shard:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        if self.opts.fmt == "parquet":
+            self._flush()
+        self._shard.close()
+        self._shard = None
+
+    def close(self) -> None:
+        if self._shard is not None:
+            self._close_shard()
+        if self.opts.fmt == "parquet":
+            self._flush_episodes()
+            if self._ep_writer is None:  # no episodes: still write an empty table
+                pq.write_table(EPISODE_SCHEMA.empty_table(), str(self.episodes_path))
+        if self._ep_writer is not None:
+            self._ep_writer.close()
+
+
+# ----------------------------------------------------------------- the export
+
+
+@dataclass
+class _Counts:
+    groups: int = 0
+    episodes: int = 0
+    segments: int = 0
+    episodes_masked: int = 0
+    episodes_incomplete: int = 0
+    episodes_without_calls: int = 0
+    model_calls: int = 0
+    compactions: int = 0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    loss_tokens: int = 0
+    breaks: dict[str, int] = field(default_factory=dict)
+
+    def add(self, rows: Sequence[Mapping[str, Any]], segs: Sequence[Segment]) -> None:
+        self.episodes += 1
+        self.segments += len(rows)
+        self.episodes_masked += int(rows[0]["mask_episode"])
+        self.model_calls += sum(s.num_calls for s in segs)
+        for r, s in zip(rows, segs, strict=True):
+            self.prompt_tokens += len(r["prompt_ids"])
+            self.response_tokens += len(r["response_ids"])
+            self.loss_tokens += sum(r["response_mask"])
+            if s.break_reason:
+                self.breaks[s.break_reason] = self.breaks.get(s.break_reason, 0) + 1
+
+
+def _progress(enabled: bool) -> Any:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("export"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[segments]} segments"), TimeRemainingColumn(),
+                    console=Console(stderr=True), disable=not enabled, transient=True)
+
+
+def export_runs(
+    runs: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tokenizer: ChatTokenizer | str | os.PathLike[str],
+    options: ExportOptions | None = None,
+) -> dict[str, Any]:
+    """Export recorded runs (run folders or ``events.jsonl`` files) to ``out_dir``.
+
+    :param runs: event logs; an episode may not span two logs.
+    :param out_dir: created if missing; existing segment files in it are an error.
+    :param tokenizer: the trainer's tokenizer (name, path, or a ``ChatTokenizer``).
+    :returns: the manifest (also written to ``out_dir/manifest.json``).
+    """
+    opts = options or ExportOptions()
+    opts.check()
+    tok = tokenizer if isinstance(tokenizer, ChatTokenizer) else (
+        ChatTokenizer.from_pretrained(tokenizer))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.glob("segments-*")) or (out / "manifest.json").exists():
+        raise ConfigError(f"{out}: already holds an export; choose an empty folder")
+    index = _index(runs)
+    groups = index.groups()
+    outcomes = _outcomes(groups)
+    episode_adv = _episode_advantages(groups, outcomes, opts)
+    counts = _Counts(groups=len(groups), episodes_without_calls=sum(
+        1 for ep in index.episodes.values() if not ep.calls))
+    writer = _Writer(out, opts)
+    files = [open(p, "rb") for p in index.logs]  # noqa: SIM115 - closed below
+    total = sum(len(eps) for eps in groups.values())
+    try:
+        with _progress(opts.progress) as bar:
+            task = bar.add_task("export", total=total, segments=0)
+            for episodes in groups.values():
+                for ep in episodes:
+                    items = list(_episode_items(index, files, ep))
+                    segs = build_segments(items, tok, summary_trained=opts.summary_trained,
+                                          verify=opts.verify_tokens,
+                                          keep_messages=opts.keep_messages)
+                    outcome = outcomes[ep.episode_id]
+                    rows = _with_advantages(_rows(ep, segs, outcome, tok, opts), episode_adv,
+                                            opts)
+                    compactions = sum(1 for kind, _ in items if kind == "compaction")
+                    counts.compactions += compactions
+                    counts.episodes_incomplete += int(outcome.incomplete)
+                    counts.add(rows, segs)
+                    writer.add(rows, _episode_row(rows, segs, compactions))
+                    bar.update(task, advance=1, segments=counts.segments)
+                writer.end_group()
+    finally:
+        writer.close()
+        for f in files:
+            f.close()
+    manifest = _manifest(index, tok, opts, counts, writer)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if opts.validate:
+        validate_export(out)
+    return manifest
+
+
+def _manifest(index: _Index, tok: ChatTokenizer, opts: ExportOptions, counts: _Counts,
+              writer: _Writer) -> dict[str, Any]:
+    meta = [r.get("metadata") or {} for r in index.runs]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "format": opts.fmt,
+        "tokenizer": tok.info(),
+        "model": next((m["model"] for m in meta if m.get("model")), None),
+        "sampling": next((m["sampling"] for m in meta if m.get("sampling")), None),
+        "advantage": {"mode": opts.advantage, "eps": opts.eps, "gamma": opts.gamma,
+                      "lam": opts.lam, "values": "zero (no critic)"
+                      if opts.advantage.startswith("gae") else None},
+        "summary_trained_override": opts.summary_trained,
+        "mask_stop_reasons": sorted(opts.mask_stop_reasons),
+        "counts": {k: v for k, v in vars(counts).items()},
+        "files": {"segments": writer.files,
+                  "episodes": {"path": writer.episodes_path.name, "rows": writer.episode_rows}},
+        "sources": {"logs": [str(p) for p in index.logs], "runs": index.runs,
+                    "torn_tails": index.torn},
+    }
+
+
+def iter_export_rows(out_dir: str | os.PathLike[str]) -> Iterator[list[dict[str, Any]]]:
+    """The segment rows of an export, one shard at a time (in manifest order)."""
+    from ..rl.schema import read_rows
+
+    out = Path(out_dir)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for entry in manifest["files"]["segments"]:
+        yield read_rows(out / entry["path"])
+
+
+def read_export(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All segment rows of an export, in order (small exports and tests; use
+    ``iter_export_rows`` or read ``segments-*.parquet`` directly for large ones)."""
+    return [row for shard in iter_export_rows(out_dir) for row in shard]
+
+
+def validate_export(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Re-read an export and check it; returns the manifest.
+
+    Each shard must pass ``agentcompact.rl.schema.validate_rows`` with the manifest's
+    tokenizer and template hashes; no episode or group may span two shards; row, episode and
+    token counts must match the manifest; every episode row must agree with its segments.
+
+    :raises SegmentRowError: a row breaks an invariant (names row, episode, field).
+    :raises ValidationError: the files disagree with the manifest or with each other.
+    """
+    from ..rl.schema import validate_rows
+
+    out = Path(out_dir)
+    try:
+        manifest = json.loads((out / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValidationError(f"{out}/manifest.json: unreadable: {exc}") from exc
+    tok = manifest["tokenizer"]
+    seen_groups: set[str] = set()
+    episodes: dict[str, tuple[int, float, str]] = {}
+    n_rows = n_loss = 0
+    for entry, rows in zip(manifest["files"]["segments"], iter_export_rows(out), strict=True):
+        if len(rows) != entry["rows"]:
+            raise ValidationError(f"{entry['path']}: {len(rows)} rows, manifest says "
+                                  f"{entry['rows']}")
+        validate_rows(rows, tokenizer_sha256=tok["tokenizer_sha256"],
+                      chat_template_sha256=tok["chat_template_sha256"])
+        groups = {r["group_id"] for r in rows}
+        if groups & seen_groups:
+            raise ValidationError(f"{entry['path']}: groups {sorted(groups & seen_groups)[:3]} "
+                                  "also appear in an earlier shard")
+        seen_groups |= groups
+        for r in rows:
+            episodes[r["episode_id"]] = (r["num_segments"], r["episode_reward"], r["group_id"])
+            n_loss += sum(r["response_mask"])
+        n_rows += len(rows)
+    _check_counts(manifest, n_rows, len(episodes), n_loss)
+    _check_episode_table(out / manifest["files"]["episodes"]["path"], episodes)
+    return manifest  # type: ignore[no-any-return]  # parsed JSON object
+
+
+def _check_counts(manifest: Mapping[str, Any], rows: int, episodes: int, loss: int) -> None:
+    counts = manifest["counts"]
+    for name, found in (("segments", rows), ("episodes", episodes), ("loss_tokens", loss)):
+        if counts[name] != found:
+            raise ValidationError(f"manifest counts {counts[name]} {name}, files hold {found}")
+
+
+def _check_episode_table(path: Path, episodes: Mapping[str, tuple[int, float, str]]) -> None:
+    if path.suffix == ".parquet":
+        table = pq.read_table(str(path), schema=EPISODE_SCHEMA).to_pylist()
+    else:
+        table = [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+    if len(table) != len(episodes):
+        raise ValidationError(f"{path}: {len(table)} episode rows for {len(episodes)} episodes")
+    for row in table:
+        want = episodes.get(row["episode_id"])
+        got = (row["num_segments"], row["episode_reward"], row["group_id"])
+        if want != got:
+            raise ValidationError(f"{path}: episode {row['episode_id']!r} has (num_segments, "
+                                  f"reward, group) {got}, its segments say {want}")

@@ -1,0 +1,107 @@
+"""``agentcompact export``: runs and trajectory files → segment rows for RL training.
+
+RUN may be a recorded run (a folder holding ``events.jsonl``, or such a file) or a
+trajectory file / folder the loaders read (Claude Code, SWE-agent, mini-swe-agent,
+tau-bench, plain message lists); those are converted to events first
+(``agentcompact.trajectory.importers``), so existing runs become training data without
+re-running them. ``cli.py`` wires ``add_parser`` / ``run``; ``python -m
+agentcompact.trajectory.export_cli`` runs it on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import AgentCompactError
+from .export import ADVANTAGES, DEFAULT_MASKED_STOP_REASONS, ExportOptions, export_runs
+from .importers import import_trajectories, is_event_log
+
+__all__ = ["add_parser", "main", "run"]
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+               ) -> argparse.ArgumentParser:
+    """Add the ``export`` subcommand to ``subparsers``; returns its parser."""
+    p = subparsers.add_parser(
+        "export", help="export runs as RL training rows (Parquet/JSONL)",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    configure(p)
+    return p
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run folder / events.jsonl, or trajectory file / folder")
+    p.add_argument("--out", required=True, type=Path, help="output folder (new or empty)")
+    p.add_argument("--tokenizer", required=True,
+                   help="the trainer's tokenizer: Hugging Face name or local path")
+    p.add_argument("--format", dest="fmt", choices=("parquet", "jsonl"), default="parquet")
+    p.add_argument("--advantage", choices=ADVANTAGES, default="grpo",
+                   help="advantage estimator (gae-* use V=0: no critic; default grpo)")
+    p.add_argument("--rows-per-shard", type=int, default=10_000,
+                   help="segment rows per shard (cut at group boundaries)")
+    p.add_argument("--summary-trained", action="store_true", default=None,
+                   help="treat every summary as written by the policy (mask 1, SUPO-style)")
+    p.add_argument("--mask-stop-reasons", default=",".join(sorted(DEFAULT_MASKED_STOP_REASONS)),
+                   help="comma-separated stop reasons whose episodes get mask_episode")
+    p.add_argument("--gamma", type=float, default=1.0, help="GAE discount (gae-* modes)")
+    p.add_argument("--lam", type=float, default=1.0, help="GAE lambda (gae-* modes)")
+    p.add_argument("--messages", action="store_true",
+                   help="store each segment's chat messages in messages_json (debugging)")
+    p.add_argument("--keep-events", type=Path, default=None,
+                   help="write the events converted from trajectory files here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _options(args: argparse.Namespace) -> ExportOptions:
+    reasons = frozenset(r.strip() for r in args.mask_stop_reasons.split(",") if r.strip())
+    return ExportOptions(
+        fmt=args.fmt, advantage=args.advantage, rows_per_shard=args.rows_per_shard,
+        summary_trained=args.summary_trained, mask_stop_reasons=reasons, gamma=args.gamma,
+        lam=args.lam, keep_messages=args.messages,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``agentcompact export``; returns the exit status (0 ok, 1 error)."""
+    logs = [r for r in args.runs if is_event_log(r)]
+    files = [r for r in args.runs if not is_event_log(r)]
+    try:
+        with tempfile.TemporaryDirectory(prefix="agentcompact-import-") as tmp:
+            if files:
+                events = (args.keep_events or Path(tmp)) / "events.jsonl"
+                events.parent.mkdir(parents=True, exist_ok=True)
+                count = import_trajectories(files, events)
+                logger.info("converted %d trajectories to %s", count, events)
+                logs.append(str(events))
+            manifest = export_runs(logs, args.out, args.tokenizer, _options(args))
+    except AgentCompactError as exc:
+        print(f"agentcompact export: error: {exc}", file=sys.stderr)
+        return 1
+    c = manifest["counts"]
+    print(f"exported {c['segments']} segments of {c['episodes']} episodes in {c['groups']} "
+          f"groups ({c['loss_tokens']} loss tokens) to {args.out}")
+    for torn in manifest["sources"]["torn_tails"]:
+        print(f"warning: {torn}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m agentcompact.trajectory.export_cli RUN... --out DIR --tokenizer T``."""
+    parser = argparse.ArgumentParser(prog="agentcompact export", description=__doc__)
+    configure(parser)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""Existing trajectory files (Claude Code, SWE-agent, mini-swe-agent, tau-bench, plain
+message lists) as recorder event logs, so they export like a recorded run.
+
+Each assistant message becomes one ``model_call`` whose context is every message the model
+saw before it and whose response is that message. A Claude Code ``compact_boundary`` becomes
+a ``compaction`` event; the calls after it see the summary (a user message) followed by the
+later messages, so the exporter starts a new segment there. The file's reward, task id and
+trial become the ``episode_end`` (``group_id`` = task id, ``sample_index`` = trial).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..events import CompactionEvent, EpisodeEnd, ModelCall
+from .loaders import Trajectory, iter_trajectories
+
+__all__ = ["import_trajectories", "is_event_log", "trajectory_events"]
+
+
+def is_event_log(path: str | os.PathLike[str]) -> bool:
+    """True for a run directory holding ``events.jsonl`` or a file whose first line is a
+    recorder event (``{"kind": ..., "data": {...}}``)."""
+    p = Path(path)
+    if p.is_dir():
+        return (p / "events.jsonl").is_file()
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        first = f.readline()
+    try:
+        obj = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and set(obj) == {"kind", "data"}
+
+
+def _context(traj: Trajectory, index: int) -> tuple[list[Any], int]:
+    """The messages the model saw before ``messages[index]``, and which compaction (count of
+    compactions in force) they follow."""
+    marks = [m for m in traj.compactions if m.index <= index]
+    if not marks:
+        return list(traj.messages[:index]), 0
+    mark = marks[-1]
+    rest = traj.messages[mark.index : index]
+    view = Trajectory(traj.source, traj.format, traj.dialect, [*traj.messages[: mark.index],
+                      *rest], compactions=[mark])
+    return view.final_context(), len(marks)
+
+
+def _request(traj: Trajectory) -> dict[str, Any]:
+    return {"system": traj.system} if traj.system else {}
+
+
+def trajectory_events(traj: Trajectory) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(kind, data)`` events of one trajectory, in the order a recorder would log them."""
+    episode = traj.source
+    group = str(traj.task_id) if traj.task_id is not None else episode
+    model = (traj.metadata.get("models") or [None])[0]
+    in_force = 0
+    for i, message in enumerate(traj.messages):
+        if message.get("role") != "assistant":
+            continue
+        context, marks = _context(traj, i)
+        while in_force < marks:
+            mark = traj.compactions[in_force]
+            in_force += 1
+            yield "compaction", CompactionEvent(
+                strategy=traj.format, dialect=traj.dialect, tokens_before=mark.pre_tokens or 0,
+                tokens_after=0, messages_before=mark.index, messages_after=1, head_len=0,
+                cut=mark.index, reason="forced" if mark.trigger == "manual" else "trigger",
+                episode_id=episode,
+            ).to_dict()
+        yield "model_call", ModelCall(
+            episode_id=episode, dialect=traj.dialect, messages=context, response=[message],
+            request=_request(traj), model=model if isinstance(model, str) else None,
+            call_id=f"{episode}@{i}", group_id=group, compacted=marks > 0,
+        ).to_dict()
+    yield "episode_end", EpisodeEnd(
+        episode_id=episode, reward=traj.reward, stop_reason="complete", group_id=group,
+        sample_index=traj.sample_index,
+        metadata={"source": traj.source, "format": traj.format,
+                  "reward_in_file": traj.reward is not None},
+    ).to_dict()
+
+
+def import_trajectories(
+    sources: Iterable[str | os.PathLike[str]], events_path: str | os.PathLike[str]
+) -> int:
+    """Convert every trajectory under ``paths`` into one event log; returns how many runs.
+
+    Runs without a reward in their file get ``reward: null`` (the exporter masks them).
+    """
+    paths = [str(p) for p in sources]
+    count = 0
+    with open(events_path, "ab") as out:
+        start = {"run_id": "imported", "format": "agentcompact-events/1",
+                 "metadata": {"imported_from": paths}}
+        out.write(orjson.dumps({"kind": "run_start", "data": start}) + b"\n")
+        for traj in iter_trajectories(paths):
+            for kind, data in trajectory_events(traj):
+                out.write(orjson.dumps({"kind": kind, "data": data}) + b"\n")
+            count += 1
+    return count

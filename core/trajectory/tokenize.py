@@ -1,0 +1,431 @@
+"""Token ids for segment rows: the trainer's tokenizer, its chat template, and an incremental
+token stream that checks the prefix property at token level.
+
+When the serving engine did not report token ids, a segment is rebuilt from its messages:
+``prompt_ids`` = template(first context, ``add_generation_prompt=True``), then for each call
+the assistant's sampled text (mask 1) and the observation / template glue up to the next
+generation prompt (mask 0). Each piece is tokenized as the suffix of the longer templated
+text. Rather than re-tokenizing the whole conversation per call (quadratic), the stream
+re-tokenizes only the text since the last *hard* special token (``<|im_start|>``,
+``<|im_end|>``...): a Hugging Face tokenizer splits added special tokens out before any
+pre-tokenization, so ``encode(a + b) == encode(a[:cut]) + encode(a[cut:] + b)`` at such a
+token. ``TokenStream(verify=True)`` re-checks that claim against a full encode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..dialects.base import Dialect
+from ..errors import TokenizerError
+
+__all__ = [
+    "ChatTokenizer",
+    "PrefixBreak",
+    "TokenStream",
+    "extend_chat",
+    "to_chat_messages",
+    "to_chat_tools",
+]
+
+
+class PrefixBreak(Exception):
+    """The next context is not a token-level prefix-extension: start a new segment."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# ----------------------------------------------------------------- dialect → chat template
+
+
+def _arguments(text: str) -> Any:
+    """Tool-call arguments as the dict chat templates expect (``tojson`` on a string would
+    double-encode it); text that is not a JSON object stays text."""
+    try:
+        value = orjson.loads(text) if text else {}
+    except orjson.JSONDecodeError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def _system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):  # Anthropic system blocks
+        return "\n".join(str(b.get("text", "")) for b in system if isinstance(b, dict))
+    return ""
+
+
+def _message_to_chat(message: Any, dialect: Dialect) -> list[dict[str, Any]]:
+    role = dialect.role(message)
+    parts = dialect.parts(message)
+    results = [
+        {"role": "tool", "tool_call_id": p.ref, "content": p.text}
+        for p in parts if p.kind == "tool_result"
+    ]
+    texts = [p.text for p in parts if p.kind == "text"]
+    if role in ("system", "developer"):
+        return [{"role": "system", "content": "\n".join(texts)}]
+    if role == "assistant":
+        out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+        thinking = [p.text for p in parts if p.kind == "thinking" and p.text]
+        if thinking:
+            out["reasoning_content"] = "\n".join(thinking)
+        calls = [
+            {"type": "function", "id": p.ref,
+             "function": {"name": p.name, "arguments": _arguments(p.text)}}
+            for p in parts if p.kind == "tool_call"
+        ]
+        if calls:
+            out["tool_calls"] = calls
+        return [out]
+    user = [{"role": "user", "content": "\n".join(texts)}] if texts or not results else []
+    return results + user
+
+
+def _merge_assistant(into: dict[str, Any], item: dict[str, Any]) -> None:
+    """Consecutive model items (Responses API) form one assistant turn."""
+    for key in ("content", "reasoning_content"):
+        if item.get(key):
+            into[key] = "\n".join(x for x in (into.get(key), item[key]) if x)
+    if item.get("tool_calls"):
+        into["tool_calls"] = [*into.get("tool_calls", []), *item["tool_calls"]]
+
+
+def to_chat_messages(
+    messages: Sequence[Any], dialect: Dialect, system: Any = None
+) -> list[dict[str, Any]]:
+    """Native messages of ``dialect`` → chat-template messages (role/content/tool_calls,
+    ``role: tool`` results). Anthropic: text blocks joined, ``tool_use`` → ``tool_calls``,
+    ``tool_result`` → tool messages, ``thinking`` → ``reasoning_content``. ``system`` is
+    the request's top-level system prompt (Anthropic), prepended when given."""
+    text = _system_text(system)
+    head = [{"role": "system", "content": text}] if text else []
+    return extend_chat(head, messages, dialect)
+
+
+def extend_chat(
+    chat: Sequence[dict[str, Any]], messages: Sequence[Any], dialect: Dialect
+) -> list[dict[str, Any]]:
+    """``chat`` (left unchanged) followed by ``messages`` converted: equal to converting
+    the whole native list at once, at the cost of the new messages only."""
+    out = list(chat)
+    copied = False  # the last item of ``chat`` is shared: copy before merging into it
+    for message in messages:
+        for item in _message_to_chat(message, dialect):
+            if item["role"] == "assistant" and out and out[-1]["role"] == "assistant":
+                if not copied:
+                    out[-1] = dict(out[-1])
+                _merge_assistant(out[-1], item)
+            else:
+                out.append(item)
+            copied = True
+    return out
+
+
+def to_chat_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Request tool definitions (OpenAI chat, Responses or Anthropic shape) → the OpenAI
+    function shape chat templates render; ``None`` when there are none."""
+    if not tools:
+        return None
+    out = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        if "function" in tool:
+            out.append(tool)
+        elif "input_schema" in tool or tool.get("type") == "function" or "name" in tool:
+            params = tool.get("input_schema", tool.get("parameters", {}))
+            fn = {"name": tool.get("name", ""), "description": tool.get("description", ""),
+                  "parameters": params}
+            out.append({"type": "function", "function": fn})
+    return out or None
+
+
+# ----------------------------------------------------------------- the tokenizer
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _compile(template: str) -> Any:
+    """The template compiled the way transformers compiles it (sandboxed jinja), or
+    ``None`` to render through ``apply_chat_template``."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # transformers moved its private helper: use the public API
+        return None
+    return _compile_jinja_template(template)
+
+
+def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    """Reasoning under the names templates read (as transformers aliases it)."""
+    reasoning = message.get("reasoning_content")
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
+
+
+@dataclass(frozen=True, slots=True)
+class _Hard:
+    """Special tokens that always split the text (no lstrip/rstrip, not normalized)."""
+
+    ids: frozenset[int]
+    pattern: re.Pattern[str] | None
+
+
+class ChatTokenizer:
+    """The trainer's tokenizer and chat template, with the hashes rows record.
+
+    :param tokenizer: a Hugging Face *fast* tokenizer with a chat template.
+    :param name: the name or path it was loaded from (``tokenizer_name`` of the rows).
+    """
+
+    def __init__(self, tokenizer: Any, name: str) -> None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise TokenizerError(f"{name}: need a fast (tokenizers-backed) tokenizer")
+        if not getattr(tokenizer, "chat_template", None):
+            raise TokenizerError(f"{name}: the tokenizer has no chat template")
+        self.hf = tokenizer
+        self.name = name
+        self._backend = tokenizer.backend_tokenizer
+        self.chat_template_sha256 = _sha256(str(tokenizer.chat_template).encode())
+        self.tokenizer_sha256 = self._tokenizer_sha256(name)
+        self.eos_text = str(tokenizer.eos_token or "")
+        self.hard = self._hard_tokens()
+        self._template_kwargs = dict(tokenizer.special_tokens_map)
+        self._compiled = _compile(str(tokenizer.chat_template))
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike[str]) -> ChatTokenizer:
+        """Load with ``transformers.AutoTokenizer`` (local path or cached hub name)."""
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise TokenizerError("export needs transformers: pip install agentcompact[export]"
+                                 ) from exc
+        name = str(name_or_path)
+        try:
+            tok = AutoTokenizer.from_pretrained(name)
+        except (OSError, ValueError) as exc:
+            raise TokenizerError(f"cannot load tokenizer {name!r}: {exc}") from exc
+        return cls(tok, name)
+
+    def _tokenizer_sha256(self, name: str) -> str:
+        """sha256 of ``tokenizer.json`` when loaded from a folder holding one, else of the
+        backend tokenizer's serialized JSON (the same bytes ``save_pretrained`` writes)."""
+        file = Path(name) / "tokenizer.json"
+        if file.is_file():
+            return _sha256(file.read_bytes())
+        return _sha256(self._backend.to_str().encode())
+
+    def _hard_tokens(self) -> _Hard:
+        hard = {
+            tid: tok.content for tid, tok in self.hf.added_tokens_decoder.items()
+            if tok.special and not (tok.lstrip or tok.rstrip or tok.normalized)
+        }
+        if not hard:
+            return _Hard(frozenset(), None)
+        alternation = "|".join(re.escape(t) for t in sorted(hard.values(), key=len, reverse=True))
+        return _Hard(frozenset(hard), re.compile(alternation))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, special tokens in it recognized, none added."""
+        return list(self._backend.encode(text, add_special_tokens=False).ids)
+
+    def encode_pair(self, a: str, b: str) -> tuple[list[int], list[int]]:
+        """``(encode(a), encode(b))`` in one call (the Rust side runs them in parallel)."""
+        if a == b:
+            ids = self.encode(a)
+            return ids, ids
+        first, second = self._backend.encode_batch([a, b], add_special_tokens=False)
+        return list(first.ids), list(second.ids)
+
+    def render(
+        self,
+        chat: Sequence[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        """The chat template applied to ``chat`` as text (what ``apply_chat_template(...,
+        tokenize=False)`` returns, without its per-call deep copy of the conversation)."""
+        if self._compiled is None:
+            return self._render_slow(chat, tools, add_generation_prompt)
+        messages = [_alias_reasoning(m) for m in chat]
+        try:
+            return str(self._compiled.render(
+                messages=messages, tools=tools, documents=None,
+                add_generation_prompt=add_generation_prompt, **self._template_kwargs,
+            ))
+        except Exception as exc:  # jinja raises its own exception types
+            raise TokenizerError(f"{self.name}: chat template failed: {exc}") from exc
+
+    def _render_slow(
+        self, chat: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> str:
+        try:
+            text = self.hf.apply_chat_template(
+                list(chat), tools=tools, tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except Exception as exc:  # jinja raises its own exception types
+            raise TokenizerError(f"{self.name}: chat template failed: {exc}") from exc
+        return str(text)
+
+    def split_at_eos(self, text: str) -> tuple[str, str]:
+        """``(sampled, glue)``: ``text`` cut just after its last end-of-turn token; what
+        follows it is template glue the policy did not sample."""
+        if self.eos_text:
+            end = text.rfind(self.eos_text)
+            if end >= 0:
+                cut = end + len(self.eos_text)
+                return text[:cut], text[cut:]
+        return text, ""
+
+    def info(self) -> dict[str, str]:
+        return {"tokenizer_name": self.name, "tokenizer_sha256": self.tokenizer_sha256,
+                "chat_template_sha256": self.chat_template_sha256}
+
+
+# ----------------------------------------------------------------- incremental stream
+
+
+class TokenStream:
+    """The token ids of one segment, grown piece by piece with the prefix property checked.
+
+    Invariant: ``prompt_ids + response_ids == encode(all text appended)`` (checked against a
+    full encode by ``verify()``). ``extend`` (observation and glue) raises ``PrefixBreak``
+    when the longer text does not tokenize as a prefix-extension; ``sample`` (policy output)
+    always appends ``encode(piece)`` on its own, as an engine would have produced it, and
+    notes a break that the next ``extend`` reports.
+    """
+
+    def __init__(self, tok: ChatTokenizer, prompt_text: str, *, verify: bool = False) -> None:
+        self.tok = tok
+        self.prompt_ids = tok.encode(prompt_text)
+        self.response_ids: list[int] = []
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
+        self._text: list[str] | None = [prompt_text] if verify else None
+        self._tail = ""
+        self._tail_n = 0
+        self._broken: str | None = None
+        self._retail(prompt_text, self.prompt_ids)
+
+    @classmethod
+    def from_ids(cls, tok: ChatTokenizer, prompt_ids: Sequence[int]) -> TokenStream:
+        """A stream starting from engine-reported prompt ids."""
+        stream = cls(tok, "")
+        stream.prompt_ids = list(prompt_ids)
+        stream._text = None
+        return stream
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def extend_ids(self, next_prompt_ids: Sequence[int]) -> None:
+        """Engine-reported ids of the next prompt: must extend every id so far (mask 0 for
+        the new ones), else ``PrefixBreak``."""
+        n = len(self)
+        if list(next_prompt_ids[:n]) != self.ids:
+            raise PrefixBreak("tokens")
+        self.push_ids(next_prompt_ids[n:], 0)
+
+    def _ids_tail(self) -> list[int]:
+        """The last ``_tail_n`` ids: the tokens of the text since the last hard token."""
+        n, r = self._tail_n, len(self.response_ids)
+        if n <= r:
+            return self.response_ids[r - n:]
+        return self.prompt_ids[len(self.prompt_ids) - (n - r):] + self.response_ids
+
+    def _retail(self, joint: str, joint_ids: list[int]) -> None:
+        """Move the re-tokenization window to just after the last hard special token."""
+        pattern = self.tok.hard.pattern
+        ends = [m.end() for m in pattern.finditer(joint)] if pattern is not None else []
+        if not ends:
+            self._tail, self._tail_n = joint, len(joint_ids)
+            return
+        n_after = 0
+        for tid in reversed(joint_ids):
+            if tid in self.tok.hard.ids:
+                break
+            n_after += 1
+        self._tail, self._tail_n = joint[ends[-1]:], n_after
+
+    def _push(self, ids: list[int], mask: int, logprobs: Sequence[float] | None) -> None:
+        self.response_ids.extend(ids)
+        self.mask.extend([mask] * len(ids))
+        if logprobs is None or mask == 0:
+            self.logprobs.extend([0.0] * len(ids))
+        else:
+            self.logprobs.extend(float(x) for x in logprobs)
+
+    def extend(self, piece: str) -> None:
+        """Append observation / template glue (mask 0), or raise ``PrefixBreak``."""
+        if self._broken:
+            raise PrefixBreak(self._broken)
+        if not piece:
+            return
+        joint = self._tail + piece
+        joint_ids = self.tok.encode(joint)
+        old = self._ids_tail()
+        if joint_ids[: len(old)] != old:
+            raise PrefixBreak("tokens")
+        self._push(joint_ids[len(old):], 0, None)
+        self._note(piece)
+        self._retail(joint, joint_ids)
+
+    def sample(self, piece: str, engine_ids: Sequence[int] | None = None,
+               logprobs: Sequence[float] | None = None) -> bool:
+        """Append policy output (mask 1), tokenized on its own as an engine emits it.
+
+        ``logprobs`` are kept only when ``engine_ids`` (the ids the engine reported) equal
+        the ids produced here; returns whether they were kept (else the tokens get 0.0 and
+        the caller records ``logprobs_mode: none``). A piece whose standalone ids differ from
+        the joint tokenization makes the next ``extend`` raise ``PrefixBreak``.
+        """
+        joint = self._tail + piece
+        ids, joint_ids = self.tok.encode_pair(piece, joint)
+        old = self._ids_tail()
+        if joint_ids != old + ids:
+            self._broken = "tokens"
+        keep = logprobs is not None and engine_ids is not None and list(engine_ids) == ids
+        self._push(ids, 1, logprobs if keep else None)
+        self._note(piece)
+        self._retail(joint, old + ids)
+        return keep
+
+    def push_ids(self, ids: Sequence[int], mask: int,
+                 logprobs: Sequence[float] | None = None) -> None:
+        """Append engine-reported ids as they are (no text; the window restarts empty)."""
+        self._push(list(ids), mask, logprobs)
+        self._tail, self._tail_n = "", 0
+        self._text = None  # text no longer describes the ids
+
+    def _note(self, piece: str) -> None:
+        if self._text is not None:
+            self._text.append(piece)
+
+    def verify(self) -> None:
+        """With ``verify=True``: assert the ids equal a full encode of the text."""
+        if self._text is None:
+            return
+        full = self.tok.encode("".join(self._text))
+        if full != self.prompt_ids + self.response_ids:
+            raise AssertionError("incremental token stream differs from a full encode")

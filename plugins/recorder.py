@@ -1,0 +1,132 @@
+"""The trajectory recorder: an append-only, crash-safe event log of a run.
+
+Register a ``Recorder`` with the plugin manager and every model call, summarizer call,
+compaction and episode end reported through the RL logging hooks becomes one JSON line of
+``run_dir/events.jsonl``::
+
+    {"kind": "model_call", "data": {...ModelCall.to_dict()...}}
+
+Crash safety: each line is written by a single ``os.write`` of the whole encoded line on a
+file descriptor opened with ``O_APPEND``, under a lock, so concurrent threads never
+interleave and a process killed at any instant leaves every earlier line intact and at
+most the line being written cut short. ``agentcompact.trajectory.events_log.read_events``
+reports such a torn last line instead of failing. There is no user-space buffer to flush;
+``fsync=True`` additionally forces every line to stable storage (survives a power loss,
+costs a disk round trip per event).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agentcompact.errors import TrajectoryError
+from agentcompact.events import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall, new_id
+from agentcompact.hookspecs import hookimpl
+
+__all__ = ["EVENTS_FILE", "EVENTS_FORMAT", "Recorder"]
+
+#: name of the event log inside a run directory
+EVENTS_FILE = "events.jsonl"
+#: format tag written in the ``run_start`` line
+EVENTS_FORMAT = "agentcompact-events/1"
+
+
+class Recorder:
+    """Append every RL logging hook call to ``run_dir/events.jsonl``.
+
+    :param run_dir: directory of the run (created if missing). An existing log is
+        appended to (a resumed run adds a second ``run_start`` line).
+    :param run_id: id of the run, written in the ``run_start`` line (random if omitted).
+    :param fsync: ``os.fsync`` after every line (power-loss safety; slower).
+    :param metadata: JSON-able values stored in the ``run_start`` line (model, sampling
+        parameters, tokenizer, git commit...); the exporter copies them to its manifest.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        run_id: str | None = None,
+        *,
+        fsync: bool = False,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / EVENTS_FILE
+        self.run_id = run_id or new_id()
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._fd: int | None = os.open(
+            self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+            0o644,
+        )
+        self.write(
+            "run_start",
+            {
+                "run_id": self.run_id,
+                "format": EVENTS_FORMAT,
+                "pid": os.getpid(),
+                "started": time.time(),
+                "metadata": dict(metadata or {}),
+            },
+        )
+
+    # --- hooks -----------------------------------------------------------------------
+    @hookimpl
+    def agentcompact_log_model_call(self, call: ModelCall) -> None:
+        self.write("model_call", call.to_dict())
+
+    @hookimpl
+    def agentcompact_log_summary_call(self, call: SummaryCall) -> None:
+        self.write("summary_call", call.to_dict())
+
+    @hookimpl
+    def agentcompact_on_compaction(self, event: CompactionEvent) -> None:
+        self.write("compaction", event.to_dict())
+
+    @hookimpl
+    def agentcompact_log_episode_end(self, episode: EpisodeEnd) -> None:
+        self.write("episode_end", episode.to_dict())
+
+    # --- writing ---------------------------------------------------------------------
+    def write(self, kind: str, data: dict[str, Any]) -> None:
+        """Append one ``{"kind", "data"}`` line atomically (one ``os.write``)."""
+        try:
+            line = orjson.dumps({"kind": kind, "data": data}) + b"\n"
+        except TypeError as exc:
+            raise TrajectoryError(
+                f"{self.path}: cannot record {kind} event, a value is not JSON-able: {exc}"
+            ) from exc
+        with self._lock:
+            if self._fd is None:
+                raise TrajectoryError(f"{self.path}: recorder is closed")
+            view = memoryview(line)
+            # A regular-file write is complete unless the disk is full or a signal lands;
+            # finish a short write so the line is never left torn by a live process.
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            if self.fsync:
+                os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Close the log; later hook calls raise ``TrajectoryError``."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Recorder({str(self.run_dir)!r}, run_id={self.run_id!r})"

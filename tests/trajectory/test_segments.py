@@ -1,0 +1,198 @@
+"""Segmentation and tokens: prefix-extension vs compaction, the token-level prefix
+property with the real Qwen tokenizer, masks, summary spans, engine-reported ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentcompact.events import ModelCall
+from agentcompact.trajectory.segments import build_segments
+from agentcompact.trajectory.tokenize import ChatTokenizer, to_chat_messages
+from tests.conftest import QWEN_TOKENIZER, needs_shared_data
+from tests.trajectory.runs import agent_loop
+
+pytestmark = needs_shared_data("tokenizers", "qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="module")
+def tok() -> ChatTokenizer:
+    return ChatTokenizer.from_pretrained(QWEN_TOKENIZER)
+
+
+def test_prefix_extension_is_one_segment(tok: ChatTokenizer) -> None:
+    segs = build_segments(agent_loop("e", 5), tok, verify=True)
+    assert len(segs) == 1 and segs[0].num_calls == 5
+    assert segs[0].break_reason == "" and segs[0].compaction_trigger == "none"
+
+
+def test_compaction_starts_a_new_segment(tok: ChatTokenizer) -> None:
+    segs = build_segments(agent_loop("e", 6, compact_at=3), tok, verify=True)
+    assert [s.num_calls for s in segs] == [3, 3]
+    assert segs[0].break_reason == "compaction"
+    assert segs[0].compaction_trigger == "token_budget"
+    # external summary: not in the first segment's response, in the second's prompt (mask 0)
+    assert segs[0].summary_span == [] and not segs[0].summary_trained
+    assert "Summary: explored 3 files" in tok.hf.decode(segs[1].prompt_ids)
+    assert "Summary" not in tok.hf.decode(segs[0].response_ids)
+
+
+def test_edited_history_without_compaction_event_starts_a_segment(tok: ChatTokenizer) -> None:
+    events = agent_loop("e", 4)
+    for _, call in events[2:]:  # from call 2 on the harness rewrote the task message
+        call.messages[1] = {"role": "user", "content": "Fix bug e (rephrased)."}
+    segs = build_segments(events, tok)
+    assert [s.num_calls for s in segs] == [2, 2]
+    assert segs[0].break_reason == "context" and segs[0].compaction_trigger == "none"
+
+
+def test_token_ids_equal_a_full_encode_of_the_template(tok: ChatTokenizer) -> None:
+    events = agent_loop("e", 4)
+    (seg,) = build_segments(events, tok, verify=True)
+    last: ModelCall = events[-1][1]
+    chat = to_chat_messages([*last.messages, *last.response], tok_dialect())
+    text = tok.hf.apply_chat_template(chat, tokenize=False)
+    full = tok.hf(text, add_special_tokens=False)["input_ids"]
+    ids = seg.prompt_ids + seg.response_ids
+    # the row is the full conversation minus the template's trailing newline after EOS
+    assert full[: len(ids)] == ids and tok.hf.decode(full[len(ids):]) == "\n"
+    first: ModelCall = events[0][1]
+    prompt = tok.hf.apply_chat_template(to_chat_messages(first.messages, tok_dialect()),
+                                        tokenize=False, add_generation_prompt=True)
+    assert seg.prompt_ids == tok.hf(prompt, add_special_tokens=False)["input_ids"]
+
+
+def tok_dialect() -> Any:
+    from agentcompact.trajectory.segments import get_dialect
+
+    return get_dialect("openai_chat")
+
+
+def test_masks_assistant_one_observation_zero_last_token_eos(tok: ChatTokenizer) -> None:
+    (seg,) = build_segments(agent_loop("e", 3), tok)
+    ids, mask = seg.response_ids, seg.response_mask
+    sampled = tok.hf.decode([t for t, m in zip(ids, mask, strict=True) if m == 1])
+    observed = tok.hf.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
+    assert "Step 0: listing." in sampled and "Done with e." in sampled
+    assert "file_0.py" in observed and "file_0.py" not in sampled
+    assert "<|im_start|>assistant" in observed and "<|im_start|>" not in sampled
+    assert ids[-1] == tok.hf.convert_tokens_to_ids("<|im_end|>") and mask[-1] == 1
+    assert sampled.count("<|im_end|>") == 3  # each call's sampled stop token is trained
+    assert seg.rollout_logprobs == [0.0] * len(ids) and not seg.logprobs_known
+    assert seg.sampling["logprobs_mode"] == "none"
+
+
+def test_trained_summary_sits_at_the_end_with_mask_one(tok: ChatTokenizer) -> None:
+    segs = build_segments(agent_loop("e", 4, compact_at=2, trained_summary=True), tok)
+    first = segs[0]
+    start, end = first.summary_span
+    assert first.summary_trained and end == len(first.response_ids)
+    assert set(first.response_mask[start:end]) == {1}
+    assert tok.hf.decode(first.response_ids[start:end]) == (
+        "Summary: explored 2 files for e.<|im_end|>")
+    request = tok.hf.decode(first.response_ids[:start])
+    assert request.endswith("Summarize the work so far.<|im_end|>\n<|im_start|>assistant\n")
+    assert first.response_mask[start - 1] == 0
+
+
+def test_summary_trained_override(tok: ChatTokenizer) -> None:
+    events = agent_loop("e", 4, compact_at=2, trained_summary=True)
+    segs = build_segments(events, tok, summary_trained=False)
+    assert segs[0].summary_span == [] and not segs[0].summary_trained
+
+
+def test_engine_reported_ids_and_logprobs_are_kept(tok: ChatTokenizer) -> None:
+    calls = [
+        ModelCall(episode_id="e", dialect="openai_chat", messages=[], response=[],
+                  prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5],
+                  response_logprobs=[-0.5, -0.25], request={"logprobs_mode": "processed"}),
+        ModelCall(episode_id="e", dialect="openai_chat", messages=[], response=[],
+                  prompt_token_ids=[1, 2, 3, 4, 5, 6, 7], response_token_ids=[8],
+                  response_logprobs=[-1.0]),
+        ModelCall(episode_id="e", dialect="openai_chat", messages=[], response=[],
+                  prompt_token_ids=[1, 2, 9], response_token_ids=[10],
+                  response_logprobs=[-2.0]),
+    ]
+    segs = build_segments([("model_call", c) for c in calls], tok)
+    assert [s.prompt_ids for s in segs] == [[1, 2, 3], [1, 2, 9]]
+    assert segs[0].response_ids == [4, 5, 6, 7, 8]
+    assert segs[0].response_mask == [1, 1, 0, 0, 1]
+    assert segs[0].rollout_logprobs == [-0.5, -0.25, 0.0, 0.0, -1.0]
+    assert segs[0].sampling["logprobs_mode"] == "processed"
+    assert segs[0].break_reason == "tokens"
+
+
+def test_template_that_rewrites_history_starts_new_segments(tok: ChatTokenizer) -> None:
+    """A Qwen3-style template that drops earlier assistant reasoning is not prefix-stable."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(QWEN_TOKENIZER)
+    hf.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'assistant' and m.reasoning_content and loop.last %}"
+        "<think>{{ m.reasoning_content }}</think>{% endif %}"
+        "{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    qwen3ish = ChatTokenizer(hf, "qwen3ish")
+    events = agent_loop("e", 3)
+    for _, call in events:
+        call.response[0]["reasoning_content"] = "thinking hard"
+        call.response[0].pop("tool_calls", None)
+    for _, call in events:  # the harness re-sends responses as they were
+        for i, m in enumerate(call.messages):
+            if m.get("role") == "tool":
+                call.messages[i] = {"role": "user", "content": m["content"]}
+    segs = build_segments(events, qwen3ish, verify=True)
+    assert len(segs) == 3 and {s.break_reason for s in segs[:2]} == {"template"}
+    assert "<think>thinking hard</think>" in qwen3ish.hf.decode(segs[0].response_ids)
+    assert qwen3ish.chat_template_sha256 != tok.chat_template_sha256
+
+
+def test_leading_newlines_break_at_token_level(tok: ChatTokenizer) -> None:
+    """'assistant\\n' + '\\n\\nText' tokenizes as one newline run: an engine would have
+    sampled the newlines separately, so the next prompt is not a token prefix-extension."""
+    events = agent_loop("e", 3)
+    first: ModelCall = events[0][1]
+    first.response[0]["content"] = "\n\nStep 0: listing."
+    for _, call in events[1:]:
+        call.messages[2] = first.response[0]
+    segs = build_segments(events, tok, verify=False)
+    assert len(segs) == 2 and segs[0].break_reason == "tokens"
+
+
+def test_render_matches_apply_chat_template(tok: ChatTokenizer) -> None:
+    events = agent_loop("e", 3)
+    last: ModelCall = events[-1][1]
+    chat = to_chat_messages(last.messages, tok_dialect())
+    chat[2] = {**chat[2], "reasoning_content": "r"}
+    tools = [{"type": "function", "function": {"name": "bash", "description": "run",
+                                               "parameters": {"type": "object"}}}]
+    for gen in (True, False):
+        assert tok.render(chat, tools, gen) == tok.hf.apply_chat_template(
+            chat, tools=tools, tokenize=False, add_generation_prompt=gen)
+
+
+def test_anthropic_blocks_convert_to_chat() -> None:
+    from agentcompact.trajectory.segments import get_dialect
+
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "hmm", "signature": "s"},
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"},
+            {"type": "tool_use", "id": "t1", "name": "bash", "input": {"cmd": "ls"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": "out"},
+            {"type": "text", "text": "next"}]},
+    ]
+    chat = to_chat_messages(messages, get_dialect("anthropic"), system="sys")
+    assert chat == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "a\nb", "reasoning_content": "hmm",
+         "tool_calls": [{"type": "function", "id": "t1",
+                         "function": {"name": "bash", "arguments": {"cmd": "ls"}}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "out"},
+        {"role": "user", "content": "next"},
+    ]
