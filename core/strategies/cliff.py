@@ -119,22 +119,24 @@ class _Item:
 
 
 def _collect(request: CompactionRequest, carry: bool) -> list[_Item]:
+    """The messages to render: the span, and from earlier cycles the pinned messages and
+    (with ``carry``) the human ones."""
     dialect = request.dialect
     items: list[_Item] = []
-    indices = list(request.earlier()) if carry else []
+    indices = list(request.earlier())
     for i in [*indices, *request.span()]:
         message = request.messages[i]
         if dialect.is_synthetic(message):
             continue  # never compact a compaction
         role = dialect.role(message)
         carried = i < request.span_start
-        if carried and role not in _HUMAN_ROLES:
-            continue
+        pinned = request.pinned(i)
         parts = tuple(dialect.parts(message))
-        if carried and not any(p.kind == "text" and p.text for p in parts):
-            continue
+        if carried and not pinned and (not carry or role not in _HUMAN_ROLES or not any(
+                p.kind == "text" and p.text for p in parts)):
+            continue  # earlier cycles: only human messages and pinned ones are carried
         override = _hook_render(request, message)
-        items.append(_Item(i, role, parts, request.pinned(i), carried, override))
+        items.append(_Item(i, role, parts, pinned, carried, override))
     return items
 
 
