@@ -59,17 +59,9 @@ Item = tuple[str, Any]  # ("model_call", ModelCall) | ("compaction", ...) | ("su
 
 def get_dialect(name: str) -> Dialect:
     """The dialect registered under ``name`` (plugins included)."""
-    try:
-        from ..pluginmanager import get_dialect as lookup  # the plugin manager's registry
-    except ImportError:
-        from ..dialects import AnthropicDialect, OpenAIChatDialect, OpenAIResponsesDialect
+    from ..pluginmanager import get_dialect as lookup  # imported late: no import cycle
 
-        builtin = {d.name: d for d in (AnthropicDialect, OpenAIChatDialect,
-                                       OpenAIResponsesDialect)}
-        if name not in builtin:
-            raise TrajectoryError(f"unknown dialect {name!r}") from None
-        return builtin[name]()
-    return lookup(name)  # type: ignore[no-any-return]  # registry returns Dialect
+    return lookup(name)
 
 
 @dataclass

@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 from agentcompact.events import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall
-from agentcompact.plugins import new_plugin_manager
-from tests.conftest import ROOT
+from agentcompact.pluginmanager import new_plugin_manager
+from agentcompact.plugins.recorder import Recorder
 
-
-def _recorder_module():  # type: ignore[no-untyped-def]
-    """``agentcompact.plugins.recorder`` — while core/plugins.py (the plugin manager)
-    shadows the plugins/ package under the same import name, load the file directly."""
-    try:
-        from agentcompact.plugins import recorder  # type: ignore[attr-defined]
-    except ImportError:
-        name = "agentcompact_plugins_recorder"
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, ROOT / "plugins" / "recorder.py")
-            assert spec is not None and spec.loader is not None
-            sys.modules[name] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(sys.modules[name])
-        return sys.modules[name]
-    return recorder
-
-
-Recorder = _recorder_module().Recorder
+__all__ = ["Recorder", "agent_loop", "assistant", "record", "tool", "user"]
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent."}
 

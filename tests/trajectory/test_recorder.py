@@ -16,21 +16,20 @@ import pytest
 
 from agentcompact.errors import TornLineError, TrajectoryError
 from agentcompact.events import ModelCall
+from agentcompact.plugins.recorder import Recorder
 from agentcompact.trajectory.events_log import read_events
 from agentcompact.trajectory.export import ExportOptions, export_runs
-from tests.conftest import QWEN_TOKENIZER, ROOT, needs_shared_data
-from tests.trajectory.runs import Recorder
+from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 
 # A child process that records episodes forever (big lines so a kill often lands mid-write).
 _WRITER = r"""
 import sys
 from agentcompact.events import EpisodeEnd, ModelCall
-sys.path.insert(0, sys.argv[2])
-from tests.trajectory.runs import Recorder
+from agentcompact.plugins.recorder import Recorder
 
 import time
 rec = Recorder(sys.argv[1])
-delay = float(sys.argv[3])
+delay = float(sys.argv[2])
 print("ready", flush=True)
 n = 0
 while True:
@@ -50,7 +49,7 @@ while True:
 
 
 def _kill_writer(run_dir: Path, after: float, delay: float = 0.0) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(run_dir), str(ROOT), str(delay)],
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(run_dir), str(delay)],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
