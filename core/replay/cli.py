@@ -29,6 +29,7 @@ from .replay import ReplayReport, count_calls, replay
 
 __all__ = ["add_parser", "default_strategies", "load_sessions", "main", "run"]
 
+_SUFFIXES = (".jsonl", ".json", ".traj")
 _HELP = "replay recorded agent sessions through compaction strategies, side by side"
 
 
@@ -77,22 +78,32 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_sessions(paths: list[str], dialect: str | None = None,
                   on_skip: Any = None) -> list[Trajectory]:
-    """Trajectories from ``paths``; Codex rollouts are read here, other files by
-    :func:`agentcompact.trajectory.iter_trajectories`. ``on_skip(path, reason)`` hears about
-    files left out."""
+    """Trajectories from files and folders (walked recursively, sorted).
+
+    Codex rollouts are read by :mod:`.codex` (checked first: their lines would otherwise
+    pass for Responses items), every other file by
+    :func:`agentcompact.trajectory.iter_trajectories`. ``on_skip(path, reason)`` hears
+    about files left out.
+    """
+    files: list[Path] = []
+    for item in map(Path, paths):
+        if item.is_dir():
+            files.extend(sorted(p for p in item.rglob("*")
+                                if p.is_file() and p.name.endswith(_SUFFIXES)))
+        else:
+            files.append(item)  # a missing file is reported by iter_trajectories
     out: list[Trajectory] = []
-
-    def skipped(path: Path, reason: str) -> None:
-        if is_codex_rollout(path):
-            try:
-                out.append(load_codex_rollout(path))
-                return
-            except AgentCompactError as exc:
-                reason = str(exc)
-        if on_skip is not None:
-            on_skip(path, reason)
-
-    out.extend(iter_trajectories(paths, dialect=dialect, strict=False, on_skip=skipped))
+    others: list[Path] = []
+    for file in files:
+        if not is_codex_rollout(file):
+            others.append(file)
+            continue
+        try:
+            out.append(load_codex_rollout(file))
+        except AgentCompactError as exc:
+            if on_skip is not None:
+                on_skip(file, str(exc))
+    out.extend(iter_trajectories(others, dialect=dialect, strict=False, on_skip=on_skip))
     return out
 
 
