@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.set_defaults(run=_plugins)
     for name, (module, extra) in _EXTERNAL.items():
         try:
-            importlib.import_module(module).add_parser(sub)
+            mod = importlib.import_module(module)
+            mod.add_parser(sub)
+            sub.choices[name].set_defaults(run=mod.run)
         except ImportError as exc:
             sub.add_parser(name, help=f"(needs extra {extra!r})").set_defaults(
                 run=_missing(name, extra, exc))
