@@ -42,7 +42,7 @@ are classified once per distinct word, so the cost is one regex pass per message
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -58,7 +58,7 @@ _EXT = (
     "xml|csv|log|proto|gradle|env|mk|ex|exs|lua|vue|svelte"
 )
 
-_WORD = re.compile(r"[\w./~@+-]+")
+_WORD = re.compile(r"[A-Za-z0-9_./~@+-]+")  # explicit ASCII class: re scans it fastest
 #: kind -> pattern. Word kinds are anchored (one word per line); line kinds search text.
 SALIENT_PATTERNS: dict[str, re.Pattern[str]] = {
     "word": re.compile(
@@ -225,7 +225,7 @@ class ItemIndex:
                 out[item] = kind
         return out
 
-    def present(self, item: str, kept: set[int] | frozenset[int],
+    def present(self, item: str, kept: Collection[int],
                 written: Iterable[frozenset[str]]) -> bool:
         """True when ``item`` is in a kept original message, a written one, or the system."""
         if item in self.always:

@@ -18,7 +18,7 @@ order — incrementally, as a live agent would call it — and what it sends is 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,9 +241,17 @@ class _Accountant:
         self._not_kept: set[int] = set()
         self._written: dict[int, tuple[Any, str, int, frozenset[str]]] = {}
 
-    def record(self, call: int, at: int, sent: Sent, dt: float, needed: dict[str, str]) -> None:
+    def record(self, call: int, at: int, context: list[Any], sent: Sent, dt: float,
+               needed: dict[str, str]) -> None:
         s, run = self.s, self.run
-        keys, toks, kept, written = self._measure(sent.messages)
+        if sent.messages is context:  # sent unchanged: the first ``at`` original messages
+            keys, toks = self._system_keys()
+            keys.extend(s.digests[:at])
+            toks.extend(s.tokens[:at])
+            kept: Collection[int] = range(at)
+            written: list[frozenset[str]] = []
+        else:
+            keys, toks, kept, written = self._measure(sent.messages)
         shared = _common_prefix(keys, self._keys)
         total, cached = sum(toks), sum(toks[:shared])
         count = RecallCount()
@@ -264,11 +272,15 @@ class _Accountant:
             self._compactions(call, at, sent, before, total, kept, written)
         self._keys, self._sent_tokens, self._at = keys, total, at
 
+    def _system_keys(self) -> tuple[list[str], list[int]]:
+        if self.s.system_tokens:
+            return [_SYSTEM_KEY], [self.s.system_tokens]
+        return [], []
+
     def _measure(self, messages: Sequence[Any]
                  ) -> tuple[list[str], list[int], set[int], list[frozenset[str]]]:
         s = self.s
-        keys: list[str] = [_SYSTEM_KEY] if s.system_tokens else []
-        toks: list[int] = [s.system_tokens] if s.system_tokens else []
+        keys, toks = self._system_keys()
         written: list[frozenset[str]] = []
         found = list(map(s.index_of.get, map(id, messages)))
         if None not in found:  # only original messages: map them at C speed
@@ -297,13 +309,13 @@ class _Accountant:
         return hit
 
     def _compactions(self, call: int, at: int, sent: Sent, before: int, after: int,
-                     kept: set[int], written: list[frozenset[str]]) -> None:
+                     kept: Collection[int], written: list[frozenset[str]]) -> None:
         done = [e for e in sent.events if e.fallback != "none"]
         if done:
             for event in done:
                 self._record(call, at, before, after, kept, written, _dropped(event), event)
             return
-        not_kept = set(range(at)) - kept
+        not_kept = set(range(at)).difference(kept)
         new = sorted(not_kept - self._not_kept)
         self._not_kept = not_kept
         s = self.s
@@ -311,7 +323,7 @@ class _Accountant:
                     "tokens": s.tokens[i], "kind": "message"} for i in new]
         self._record(call, at, before, after, kept, written, dropped, None)
 
-    def _record(self, call: int, at: int, before: int, after: int, kept: set[int],
+    def _record(self, call: int, at: int, before: int, after: int, kept: Collection[int],
                 written: list[frozenset[str]], dropped: list[dict[str, Any]],
                 event: CompactionEvent | None) -> None:
         items = self.s.items
@@ -370,7 +382,7 @@ def replay_trajectory(
         for contender, acc in zip(chosen, accountants):
             t0 = time.perf_counter()
             sent = contender.prepare(context)
-            acc.record(call, at, sent, time.perf_counter() - t0, needed)
+            acc.record(call, at, context, sent, time.perf_counter() - t0, needed)
         if on_call is not None:
             on_call()
     return TrajectoryReplay(
