@@ -10,6 +10,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+
 from agentcompact import Budget, Engine, get_dialect, hookimpl, new_plugin_manager, validate
 from agentcompact.events import ModelCall
 from agentcompact.integrations.sdk import CompactedClient, compact
