@@ -66,9 +66,15 @@ class PrefixEntry:
                    data["strategy"], data.get("level", 0), overrides)
 
     def nbytes(self) -> int:
-        return len(orjson.dumps(self.message)) + sum(
-            len(orjson.dumps(v[1])) for v in self.overrides.values()
-        )
+        """Approximate memory of the entry (messages of framework objects: their repr)."""
+        return _size(self.message) + sum(_size(v[1]) for v in self.overrides.values())
+
+
+def _size(message: Any) -> int:
+    try:
+        return len(orjson.dumps(message))
+    except TypeError:  # a framework message object (LangChain, LlamaIndex)
+        return len(repr(message))
 
 
 @runtime_checkable

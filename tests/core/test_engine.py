@@ -231,3 +231,15 @@ def test_shared_store_between_engines() -> None:
     second = engine("openai_chat", store=store).compact(json.loads(json.dumps(msgs)))
     assert second.modified and not second.compacted  # reused the stored prefix
     assert dumps(second.messages) == dumps(first.messages)
+
+
+def test_store_sizes_entries_of_non_json_messages() -> None:
+    from agentcompact import InMemoryPrefixStore, PrefixEntry
+
+    class Obj:
+        def __repr__(self) -> str:
+            return "Obj(" + "x" * 50 + ")"
+
+    store = InMemoryPrefixStore()
+    store.put("k", PrefixEntry(1, 2, Obj(), 10, "cliff"))
+    assert store.get("k") is not None and store.nbytes == len(repr(Obj()))
