@@ -32,6 +32,11 @@ import anyio
 import httpx
 import orjson
 import pluggy
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
 from agentcompact import __version__
 from agentcompact.budget import Budget
 from agentcompact.dialects.base import Dialect
@@ -41,10 +46,6 @@ from agentcompact.logging_hooks import log_model_call
 from agentcompact.plugins import get_plugin_manager, registry
 from agentcompact.store import InMemoryPrefixStore, PrefixStore
 from agentcompact.tokens import MessageMeter, make_counter
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from .config import ProxyConfig
 from .observe import DebugDumper, ExchangeLog, ProxyStats
@@ -173,8 +174,8 @@ class CompactionProxy:
         return JSONResponse(self.stats.snapshot(
             version=__version__, strategy=c.strategy, trigger=c.trigger,
             target=self.engines.budget.target, shadow=c.shadow, strict=c.strict,
-            recording=c.record is not None, store_entries=len(self.store)  # type: ignore[arg-type]
-            if hasattr(self.store, "__len__") else None,
+            recording=c.record is not None,
+            store_entries=len(self.store) if hasattr(self.store, "__len__") else None,
         ))
 
     async def handle(self, request: Request) -> Any:
@@ -389,7 +390,7 @@ def _recorder_class() -> Any:
     same import name, fall back to loading ``plugins/recorder.py`` beside this checkout.
     """
     try:
-        from agentcompact.plugins import recorder  # type: ignore[attr-defined]
+        from agentcompact.plugins import recorder
         return recorder.Recorder
     except ImportError:
         pass

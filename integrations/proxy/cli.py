@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 import orjson
+
 from agentcompact.errors import AgentCompactError
 
 from .config import ENV_PREFIX, ProxyConfig
@@ -24,7 +25,7 @@ log = logging.getLogger("agentcompact.proxy")
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``proxy`` to an ``argparse`` sub-parsers object; returns the new parser."""
-    p = subparsers.add_parser(
+    p: argparse.ArgumentParser = subparsers.add_parser(
         "proxy", help="run the transparent compaction proxy",
         description="Transparent HTTP proxy that compacts Anthropic / OpenAI request bodies. "
                     f"Each flag can also be set by an environment variable {ENV_PREFIX}<FLAG> "

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
 from agentcompact.errors import ConfigError
 
 __all__ = ["DEFAULT_ANTHROPIC_UPSTREAM", "DEFAULT_OPENAI_UPSTREAM", "ENV_PREFIX", "ProxyConfig"]

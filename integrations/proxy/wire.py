@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
+
 from agentcompact.dialects.base import Dialect, digest_of
 
 __all__ = [

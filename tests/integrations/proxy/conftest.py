@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
 from agentcompact import new_plugin_manager
 from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
 from agentcompact.integrations.upstream_sim import RunningServer, UpstreamSim, serve

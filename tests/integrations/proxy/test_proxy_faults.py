@@ -12,6 +12,7 @@ import httpx
 import openai
 import orjson
 import pytest
+
 from agentcompact import CompactionEvent, get_dialect, hookimpl, new_plugin_manager, validate
 from agentcompact.engine import Engine
 from agentcompact.integrations.proxy import ThreadedServer

@@ -13,6 +13,7 @@ import httpx
 import openai
 import orjson
 import pytest
+
 from agentcompact.integrations.upstream_sim import Reply, ToolCall
 
 from .conftest import ProxyFactory, Upstream

@@ -11,6 +11,7 @@ import httpx
 import openai
 import orjson
 import pytest
+
 from agentcompact import get_dialect, validate
 from agentcompact.integrations.proxy import ThreadedServer
 from agentcompact.integrations.upstream_sim import Reply, ToolCall

@@ -6,6 +6,7 @@ import argparse
 
 import orjson
 import pytest
+
 from agentcompact import ConfigError, get_dialect
 from agentcompact.integrations.proxy import ProxyConfig
 from agentcompact.integrations.proxy.cli import add_parser, build_config
