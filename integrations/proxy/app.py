@@ -17,15 +17,12 @@ original bytes (fail-open).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
-import sys
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -383,36 +380,10 @@ class CompactionProxy:
         ), self.pm)
 
 
-def _recorder_class() -> Any:
-    """``agentcompact.plugins.recorder.Recorder``, or ``None`` when it cannot be imported.
-
-    While ``core/plugins.py`` (the plugin manager) shadows the ``plugins/`` package under the
-    same import name, fall back to loading ``plugins/recorder.py`` beside this checkout.
-    """
-    try:
-        from agentcompact.plugins import recorder
-        return recorder.Recorder
-    except ImportError:
-        pass
-    name = "agentcompact_plugins_recorder"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "plugins" / "recorder.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None or not path.is_file():
-            return None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return getattr(sys.modules[name], "Recorder", None)
-
-
 def _register_recorder(pm: pluggy.PluginManager, run_dir: str) -> Any:
-    recorder_class = _recorder_class()
-    if recorder_class is None:
-        log.warning("--record: agentcompact.plugins.recorder is not available; model calls "
-                    "are reported through log_model_call only")
-        return None
-    recorder = recorder_class(run_dir, metadata={"source": "agentcompact proxy"})
+    from agentcompact.plugins.recorder import Recorder
+
+    recorder = Recorder(run_dir, metadata={"source": "agentcompact proxy"})
     pm.register(recorder, name=f"agentcompact-proxy-recorder-{id(recorder)}")
     return recorder
 
