@@ -23,7 +23,6 @@ from agentcompact import Budget, Engine
 from agentcompact.integrations.langgraph import (
     CompactionNode,
     LangChainDialect,
-    ObjectPrefixStore,
 )
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa")
@@ -51,8 +50,7 @@ def history(tokens: int, words: int, engine: Engine) -> list[AnyMessage]:
 
 
 def make_engine(trigger: int) -> Engine:
-    return Engine(dialect=LangChainDialect(), budget=Budget(trigger_tokens=trigger),
-                  store=ObjectPrefixStore())
+    return Engine(dialect=LangChainDialect(), budget=Budget(trigger_tokens=trigger))
 
 
 def main() -> None:

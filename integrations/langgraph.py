@@ -51,14 +51,12 @@ from ..errors import ConfigError, ValidationError
 from ..events import ModelCall, new_id
 from ..hookspecs import hookimpl
 from ..logging_hooks import log_model_call
-from ..store import InMemoryPrefixStore, PrefixEntry
 
 __all__ = [
     "CompactionMiddleware",
     "CompactionNode",
     "LangChainDialect",
     "ModelCallLogger",
-    "ObjectPrefixStore",
     "agentcompact_register_dialects",
     "model_call_from_langchain",
     "pre_model_hook",
@@ -240,23 +238,6 @@ def agentcompact_register_dialects(register: Callable[..., None]) -> None:
 # ---------------------------------------------------------------------- shared plumbing
 
 
-class _ObjectEntry(PrefixEntry):
-    """A prefix entry holding message objects: sized by their text, not their JSON."""
-
-    def nbytes(self) -> int:
-        copies = [self.message, *(v[1] for v in self.overrides.values())]
-        return sum(len(_DIALECT.text_of(m)) for m in copies if m is not None)
-
-
-class ObjectPrefixStore(InMemoryPrefixStore):
-    """The in-memory LRU prefix store for LangChain message objects (not JSON-able)."""
-
-    def put(self, key: str, entry: PrefixEntry) -> None:
-        super().put(key, _ObjectEntry(entry.head_len, entry.cut, entry.message,
-                                      entry.message_tokens, entry.strategy, entry.level,
-                                      entry.overrides))
-
-
 def _make_engine(engine: Engine | None, plugins: pluggy.PluginManager | None,
                  episode_id: str | None, kwargs: dict[str, Any]) -> Engine:
     if engine is not None:
@@ -265,12 +246,8 @@ def _make_engine(engine: Engine | None, plugins: pluggy.PluginManager | None,
         if not isinstance(engine.dialect, LangChainDialect):
             raise ConfigError(f"engine dialect is {engine.dialect.name!r}; it must be a "
                               "LangChainDialect for LangChain messages")
-        if type(engine.store) is InMemoryPrefixStore and not len(engine.store):
-            # the default store sizes entries as JSON, which message objects are not
-            engine.store = ObjectPrefixStore()
         return engine
     kwargs.setdefault("strategy", "cliff")
-    kwargs.setdefault("store", ObjectPrefixStore())
     if "budget" not in kwargs and "trigger_tokens" not in kwargs:
         raise ConfigError("give engine=, budget= or trigger_tokens=")
     return Engine(dialect=_DIALECT, plugins=plugins, episode_id=episode_id, **kwargs)

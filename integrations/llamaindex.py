@@ -47,7 +47,6 @@ from ..errors import ConfigError, ValidationError
 from ..events import ModelCall, new_id
 from ..hookspecs import hookimpl
 from ..logging_hooks import log_model_call
-from ..store import InMemoryPrefixStore, PrefixEntry
 
 __all__ = [
     "CompactingMemory",
@@ -193,21 +192,6 @@ def to_openai_chat(message: ChatMessage) -> dict[str, Any]:
 # ------------------------------------------------------------------------- the memory
 
 
-class _ObjectEntry(PrefixEntry):
-    """A prefix entry holding ``ChatMessage`` objects: sized by their text, not JSON."""
-
-    def nbytes(self) -> int:
-        copies = [self.message, *(v[1] for v in self.overrides.values())]
-        return sum(len(_DIALECT.text_of(m)) for m in copies if m is not None)
-
-
-class _ObjectPrefixStore(InMemoryPrefixStore):
-    def put(self, key: str, entry: PrefixEntry) -> None:
-        super().put(key, _ObjectEntry(entry.head_len, entry.cut, entry.message,
-                                      entry.message_tokens, entry.strategy, entry.level,
-                                      entry.overrides))
-
-
 def _make_engine(engine: Engine | None, plugins: pluggy.PluginManager | None,
                  episode_id: str | None, kwargs: dict[str, Any]) -> Engine:
     if engine is not None:
@@ -216,13 +200,10 @@ def _make_engine(engine: Engine | None, plugins: pluggy.PluginManager | None,
         if not isinstance(engine.dialect, LlamaIndexDialect):
             raise ConfigError(f"engine dialect is {engine.dialect.name!r}; it must be a "
                               "LlamaIndexDialect for ChatMessage objects")
-        if type(engine.store) is InMemoryPrefixStore and not len(engine.store):
-            engine.store = _ObjectPrefixStore()  # the default sizes entries as JSON
         return engine
     if "budget" not in kwargs and "trigger_tokens" not in kwargs:
         raise ConfigError("give engine=, budget= or trigger_tokens=")
     kwargs.setdefault("strategy", "cliff")
-    kwargs.setdefault("store", _ObjectPrefixStore())
     return Engine(dialect=_DIALECT, plugins=plugins, episode_id=episode_id, **kwargs)
 
 
