@@ -14,9 +14,9 @@ Needs the ``proxy`` extra (starlette, uvicorn, httpx).
 
 from __future__ import annotations
 
+from ..threaded_server import ThreadedServer
 from .app import CompactionProxy, EnginePool, create_app
 from .config import DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_OPENAI_UPSTREAM, ProxyConfig
-from .server import ThreadedServer
 
 __all__ = [
     "DEFAULT_ANTHROPIC_UPSTREAM",

@@ -1,4 +1,4 @@
-"""Run the proxy (or any ASGI app) under uvicorn: in the foreground, or in a thread."""
+"""Serve an ASGI app under uvicorn from a daemon thread (the proxy, the upstream simulator)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 
@@ -14,33 +14,37 @@ __all__ = ["ThreadedServer"]
 
 _START_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 5.0
+_S = TypeVar("_S", bound="ThreadedServer")
 
 
 class ThreadedServer:
-    """uvicorn serving ``app`` from a daemon thread, lifespan on (so the proxy's upstream
-    client is closed at shutdown). A sync and async context manager; ``port=0`` picks a
-    free port, read back from ``.port`` / ``.base_url`` once started."""
+    """uvicorn serving ``app`` from a daemon thread. A sync and async context manager;
+    ``port=0`` picks a free port, read back from ``.port`` / ``.base_url`` once started.
+    ``lifespan="on"`` (the proxy: its upstream client is closed at shutdown) or ``"off"``."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
+                 lifespan: str = "on", name: str = "agentcompact-proxy",
+                 start_timeout_s: float = _START_TIMEOUT_S) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_config=None,
                                 log_level="warning", access_log=False, http="h11", ws="none",
-                                lifespan="on", timeout_graceful_shutdown=1)
+                                lifespan=lifespan, timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="agentcompact-proxy",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.run, name=name, daemon=True)
+        self.name = name
+        self._start_timeout_s = start_timeout_s
         self.host, self.port = host, port
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> ThreadedServer:
+    def start(self: _S) -> _S:
         self._thread.start()
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        deadline = time.monotonic() + self._start_timeout_s
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"server did not start on {self.host}:{self.port}")
+                raise RuntimeError(f"{self.name} did not start on {self.host}:{self.port}")
             time.sleep(0.005)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
         return self
@@ -55,14 +59,14 @@ class ThreadedServer:
             self._server.force_exit = True
             self._thread.join(_STOP_TIMEOUT_S)
 
-    def __enter__(self) -> ThreadedServer:
+    def __enter__(self: _S) -> _S:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    async def __aenter__(self) -> ThreadedServer:
+    async def __aenter__(self: _S) -> _S:
         return await asyncio.to_thread(self.start)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
