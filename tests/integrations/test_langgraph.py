@@ -21,9 +21,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from agentcompact import Budget, Engine, hookimpl, new_plugin_manager, validate
+from agentcompact import Budget, Engine, validate
 from agentcompact.dialects.openai_chat import OpenAIChatDialect
-from agentcompact.events import CompactionEvent, ModelCall
 from agentcompact.integrations.langgraph import (
     CompactionMiddleware,
     CompactionNode,
@@ -41,6 +40,7 @@ from agentcompact.integrations.upstream_sim import (
     serve,
 )
 from agentcompact.markers import COMPACTION_HEADER, is_marked
+from tests.integrations.conftest import Collector
 
 pytestmark = pytest.mark.network
 
@@ -76,20 +76,6 @@ def task_steps(task: int) -> list[Reply]:
     ]
 
 
-class Collector:
-    def __init__(self) -> None:
-        self.calls: list[ModelCall] = []
-        self.events: list[CompactionEvent] = []
-
-    @hookimpl
-    def agentcompact_log_model_call(self, call: ModelCall) -> None:
-        self.calls.append(call)
-
-    @hookimpl
-    def agentcompact_on_compaction(self, event: CompactionEvent) -> None:
-        self.events.append(event)
-
-
 @pytest.fixture
 def sim() -> UpstreamSim:
     return UpstreamSim(Script(*task_steps(1), *task_steps(2), *task_steps(3)))
@@ -99,18 +85,6 @@ def sim() -> UpstreamSim:
 def server(sim: UpstreamSim) -> Iterator[RunningServer]:
     with serve(sim) as running:
         yield running
-
-
-@pytest.fixture
-def collector() -> Collector:
-    return Collector()
-
-
-@pytest.fixture
-def pm(collector: Collector) -> Any:
-    pm = new_plugin_manager()
-    pm.register(collector)
-    return pm
 
 
 def chat_model(server: RunningServer, **extra: Any) -> ChatOpenAI:

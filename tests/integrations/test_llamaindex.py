@@ -12,9 +12,8 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.llms.types import ChatMessage, TextBlock, ToolCallBlock
 from llama_index.llms.openai_like import OpenAILike
 
-from agentcompact import Budget, Engine, hookimpl, new_plugin_manager, validate
+from agentcompact import Budget, Engine, validate
 from agentcompact.dialects.openai_chat import OpenAIChatDialect
-from agentcompact.events import ModelCall
 from agentcompact.integrations.llamaindex import (
     CompactingMemory,
     LlamaIndexDialect,
@@ -31,6 +30,7 @@ from agentcompact.integrations.upstream_sim import (
     serve,
 )
 from agentcompact.markers import COMPACTION_HEADER, is_marked
+from tests.integrations.conftest import Collector
 
 pytestmark = [
     pytest.mark.network,
@@ -65,32 +65,11 @@ def task_steps(task: int) -> list[Reply]:
     ]
 
 
-class Collector:
-    def __init__(self) -> None:
-        self.calls: list[ModelCall] = []
-
-    @hookimpl
-    def agentcompact_log_model_call(self, call: ModelCall) -> None:
-        self.calls.append(call)
-
-
 @pytest.fixture
 def server() -> Iterator[RunningServer]:
     steps = [s for t in range(1, TASKS + 1) for s in task_steps(t)]
     with serve(UpstreamSim(Script(*steps))) as running:
         yield running
-
-
-@pytest.fixture
-def collector() -> Collector:
-    return Collector()
-
-
-@pytest.fixture
-def pm(collector: Collector) -> Any:
-    pm = new_plugin_manager()
-    pm.register(collector)
-    return pm
 
 
 @pytest.fixture

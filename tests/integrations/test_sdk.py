@@ -11,8 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from agentcompact import Budget, Engine, get_dialect, hookimpl, new_plugin_manager, validate
-from agentcompact.events import ModelCall
+from agentcompact import Budget, Engine, get_dialect, validate
 from agentcompact.integrations.sdk import CompactedClient, compact
 from agentcompact.integrations.upstream_sim import (
     Reply,
@@ -25,6 +24,7 @@ from agentcompact.integrations.upstream_sim import (
     serve,
 )
 from agentcompact.markers import COMPACTION_HEADER
+from tests.integrations.conftest import Collector
 
 pytestmark = pytest.mark.network
 
@@ -52,31 +52,10 @@ def tool_output(args: str | dict[str, Any]) -> str:
     return f"# {path}\n" + filler_text(250)
 
 
-class Collector:
-    def __init__(self) -> None:
-        self.calls: list[ModelCall] = []
-
-    @hookimpl
-    def agentcompact_log_model_call(self, call: ModelCall) -> None:
-        self.calls.append(call)
-
-
 @pytest.fixture
 def server() -> Iterator[RunningServer]:
     with serve(UpstreamSim(Script(*steps()))) as running:
         yield running
-
-
-@pytest.fixture
-def collector() -> Collector:
-    return Collector()
-
-
-@pytest.fixture
-def pm(collector: Collector) -> Any:
-    pm = new_plugin_manager()
-    pm.register(collector)
-    return pm
 
 
 @pytest.fixture

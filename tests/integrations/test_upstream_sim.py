@@ -15,6 +15,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+
 from agentcompact.integrations.upstream_sim import (
     Fault,
     LatencyModel,
