@@ -114,6 +114,10 @@ class _State:
         return out + tail
 
 
+_Pipeline = Generator[CompactionRequest, tuple[Rendered | None, str | None],
+                      tuple[_View, int, _State, list[CompactionEvent]]]
+
+
 class Engine:
     """Compacts message histories of one dialect under a token budget.
 
@@ -189,24 +193,12 @@ class Engine:
         carries besides the messages (system prompt, tool schemas): the budget covers both,
         and the result's token figures include it.
         """
-        gen = self._pipeline(messages, force, fixed_tokens)
-        try:
-            request = next(gen)
-            while True:
-                request = gen.send(self._render_sync(request))
-        except StopIteration as stop:
-            return self._finish(stop.value)
+        return self._drive(self._pipeline(messages, force, fixed_tokens))
 
     async def acompact(self, messages: Sequence[Any], *, force: bool = False,
                        fixed_tokens: int = 0) -> CompactionResult:
         """``compact`` for async code: awaits strategies that define ``acompact``."""
-        gen = self._pipeline(messages, force, fixed_tokens)
-        try:
-            request = next(gen)
-            while True:
-                request = gen.send(await self._render_async(request))
-        except StopIteration as stop:
-            return self._finish(stop.value)
+        return await self._adrive(self._pipeline(messages, force, fixed_tokens))
 
     def compact_request(self, body: dict[str, Any], *, force: bool = False
                         ) -> tuple[dict[str, Any], CompactionResult]:
@@ -256,27 +248,14 @@ class Engine:
         store: the next ``compact`` of a history extending ``messages`` substitutes it
         (background compaction, see ``agentcompact.background``). Reason ``"background"``.
         """
-        gen = self._precompact_pipeline(messages)
-        try:
-            request = next(gen)
-            while True:
-                request = gen.send(self._render_sync(request))
-        except StopIteration as stop:
-            return self._finish(stop.value)
+        return self._drive(self._precompact_pipeline(messages))
 
     async def aprecompact(self, messages: Sequence[Any]) -> CompactionResult:
         """``precompact`` for async code (awaits strategies that define ``acompact``)."""
-        gen = self._precompact_pipeline(messages)
-        try:
-            request = next(gen)
-            while True:
-                request = gen.send(await self._render_async(request))
-        except StopIteration as stop:
-            return self._finish(stop.value)
+        return await self._adrive(self._precompact_pipeline(messages))
 
     def _precompact_pipeline(self, messages: Sequence[Any]
-                             ) -> Generator[CompactionRequest, tuple[Rendered | None, str | None],
-                                            tuple[_View, int, _State, list[CompactionEvent]]]:
+                             ) -> _Pipeline:
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
         view = self._view(messages)
@@ -289,6 +268,23 @@ class Engine:
             self.store.put(view.chain[entry.cut - 1], entry)
             state = _State(entry)
         return view, before, state, [event] if event is not None else []
+
+    # --- driving a pipeline: the only difference between the sync and async APIs -------
+    def _drive(self, gen: _Pipeline) -> CompactionResult:
+        try:
+            request = next(gen)
+            while True:
+                request = gen.send(self._render_sync(request))
+        except StopIteration as stop:
+            return self._finish(stop.value)
+
+    async def _adrive(self, gen: _Pipeline) -> CompactionResult:
+        try:
+            request = next(gen)
+            while True:
+                request = gen.send(await self._render_async(request))
+        except StopIteration as stop:
+            return self._finish(stop.value)
 
     # --- rendering with fallbacks -----------------------------------------------------
     def _render_sync(self, request: CompactionRequest) -> tuple[Rendered | None, str | None]:
@@ -327,8 +323,7 @@ class Engine:
 
     # --- the pipeline ---------------------------------------------------------------
     def _pipeline(self, messages: Sequence[Any], force: bool, fixed: int = 0
-                  ) -> Generator[CompactionRequest, tuple[Rendered | None, str | None],
-                                 tuple[_View, int, _State, list[CompactionEvent]]]:
+                  ) -> _Pipeline:
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
         view = self._view(messages)
