@@ -26,10 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from numpy.typing import NDArray
+
 from agentcompact.errors import ValidationError
 from agentcompact.rl.gae import token_rewards
 from agentcompact.rl.loss import effective_mask
-from numpy.typing import NDArray
 
 __all__ = [
     "VERL_DATA_SOURCE",

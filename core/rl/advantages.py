@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+
 from agentcompact.errors import ConfigError, ValidationError
 
 __all__ = [

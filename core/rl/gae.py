@@ -21,9 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
 from agentcompact.errors import ValidationError
 from agentcompact.rl.schema import episodes_of
-from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "GAESegment",

@@ -33,8 +33,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from agentcompact.errors import ConfigError, ValidationError
 from numpy.typing import ArrayLike, NDArray
+
+from agentcompact.errors import ConfigError, ValidationError
 
 __all__ = [
     "LOSS_MODES",

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from agentcompact.errors import TrajectoryError, ValidationError
 
 __all__ = [

@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
+from torch.utils.data import Dataset
+
 from agentcompact.errors import ValidationError
 from agentcompact.rl.loss import effective_mask, token_weights, weights_for_rows
 from agentcompact.rl.schema import read_rows, validate_rows
-from numpy.typing import NDArray
-from torch.utils.data import Dataset
 
 __all__ = [
     "SegmentDataset",

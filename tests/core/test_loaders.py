@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from agentcompact.dialects import AnthropicDialect, OpenAIChatDialect
 from agentcompact.errors import ConfigError, TornLineError, TrajectoryError
 from agentcompact.trajectory import (
@@ -19,7 +20,6 @@ from agentcompact.trajectory import (
     tau_bench_groups,
 )
 from agentcompact.turns import validate
-
 from tests.conftest import TRAJECTORIES, needs_shared_data
 
 CLAUDE = TRAJECTORIES / "claude-code"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from agentcompact.rl.schema import SCHEMA_VERSION
 
 __all__ = ["QWEN_TOKENIZER", "make_episode", "make_row"]

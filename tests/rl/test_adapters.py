@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+
 from agentcompact.errors import ValidationError
 from agentcompact.rl.adapters import (
     to_skyrl,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
+
 from agentcompact.errors import ConfigError, ValidationError
 from agentcompact.rl.advantages import (
     assign_advantages,

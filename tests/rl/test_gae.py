@@ -7,6 +7,9 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agentcompact.errors import ValidationError
 from agentcompact.rl.gae import (
     assign_gae,
@@ -16,8 +19,6 @@ from agentcompact.rl.gae import (
     token_rewards,
     truncated_chain_gae,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from .rowkit import make_episode
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from agentcompact.errors import ConfigError, ValidationError
-from agentcompact.rl.loss import LOSS_MODES, aggregate, token_weights, weights_for_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from agentcompact.errors import ConfigError, ValidationError
+from agentcompact.rl.loss import LOSS_MODES, aggregate, token_weights, weights_for_rows
 
 from .rowkit import make_episode
 

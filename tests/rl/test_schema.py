@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from agentcompact.errors import TrajectoryError, ValidationError
 from agentcompact.rl.schema import (
     EPISODE_SCHEMA,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from agentcompact.errors import ValidationError
 from agentcompact.rl.advantages import assign_advantages
 from agentcompact.rl.schema import to_float32, validate_rows, write_parquet
