@@ -22,7 +22,7 @@ import inspect
 import itertools
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +118,41 @@ _Pipeline = Generator[CompactionRequest, tuple[Rendered | None, str | None],
                       tuple[_View, int, _State, list[CompactionEvent]]]
 
 
+def _strategy_settings(settings: dict[str, Any] | None, summarizer: Any,
+                       **shortcuts: str | None) -> dict[str, Any]:
+    """The strategy factory's keyword arguments: ``strategy_settings`` plus the summarizer
+    options given to the engine directly (a key given twice is an error, not an override)."""
+    out = dict(settings or {})
+    extra: dict[str, Any] = {k: v for k, v in shortcuts.items() if v is not None}
+    if summarizer is not None:
+        if isinstance(summarizer, dict):
+            extra.update(summarizer)
+        else:
+            extra["summarizer"] = summarizer
+    clash = sorted(set(out) & set(extra))
+    if clash:
+        raise ConfigError(f"summarizer option(s) {', '.join(clash)} given twice "
+                          "(in strategy_settings and as engine arguments)")
+    out.update(extra)
+    return out
+
+
+def _check_settings(name: str, factory: Callable[..., Any], settings: dict[str, Any]) -> None:
+    """A clear error when a strategy does not take the given settings (``summarizer`` or
+    ``model`` given to ``cliff``, a misspelt knob), before anything is constructed."""
+    if not settings:
+        return
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # builtins / C callables: let the call decide
+        return
+    try:
+        sig.bind(**settings)
+    except TypeError as exc:
+        raise ConfigError(f"strategy {name!r} does not take the settings "
+                          f"{', '.join(sorted(settings))}: {exc}") from None
+
+
 class Engine:
     """Compacts message histories of one dialect under a token budget.
 
@@ -138,6 +173,14 @@ class Engine:
         limit after every escalation (default: send it anyway and flag ``over_budget``).
     :param episode_id: stamped on events for RL export.
     :param strategy_settings: keyword arguments for the strategy factory.
+    :param summarizer: for the LLM strategies (``summary``, ``parallel``): a
+        :class:`~agentcompact.summarizer.Summarizer`, or a dict of its settings.
+    :param base_url: shortcut: the summarizer's OpenAI-compatible base URL (with ``/v1``).
+    :param model: shortcut: the summarizer's model name.
+    :param api_key: shortcut: the summarizer's API key. Unset shortcuts fall back to the
+        ``AGENTCOMPACT_SUMMARIZER_*`` environment variables.
+    :param max_cached_messages: bound on the per-message token/digest cache (default
+        200,000 entries); long-lived servers holding many engines lower it.
     """
 
     def __init__(
@@ -155,22 +198,39 @@ class Engine:
         validate_output: bool = True,
         episode_id: str | None = None,
         strategy_settings: dict[str, Any] | None = None,
+        summarizer: Any = None,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        max_cached_messages: int | None = None,
     ) -> None:
         self.pm = plugins if plugins is not None else get_plugin_manager()
         reg = registry(self.pm)
         self.dialect = reg.dialect(dialect) if isinstance(dialect, str) else dialect
         self.budget = _make_budget(budget, trigger_tokens, target_tokens)
+        settings = _strategy_settings(strategy_settings, summarizer, base_url=base_url,
+                                      model=model, api_key=api_key)
         if isinstance(strategy, str):
-            self.strategy = reg.strategy_factory(strategy)(**(strategy_settings or {}))
+            factory = reg.strategy_factory(strategy)
+            _check_settings(strategy, factory, settings)
+            self.strategy = factory(**settings)
         else:
-            if strategy_settings:
-                raise ConfigError("strategy_settings given with a strategy object")
+            if settings:
+                raise ConfigError("strategy settings or summarizer options given with a "
+                                  "strategy object; configure the object instead")
             self.strategy = strategy
         if not callable(getattr(self.strategy, "compact", None)):
             raise ConfigError(f"strategy {self.strategy!r} has no compact(request) method")
         self._fallback = CliffStrategy()
         self.counter = make_counter(counter)
-        self.meter = MessageMeter(self.counter, self.dialect)
+        if max_cached_messages is not None:
+            if max_cached_messages <= 0:
+                raise ConfigError(f"max_cached_messages must be positive, got "
+                                  f"{max_cached_messages}")
+            self.meter = MessageMeter(self.counter, self.dialect,
+                                      max_entries=max_cached_messages)
+        else:
+            self.meter = MessageMeter(self.counter, self.dialect)
         self.store: PrefixStore = store if store is not None else InMemoryPrefixStore()
         self.strict = strict
         self.validate_output = validate_output

@@ -17,6 +17,7 @@ from agentcompact import (
     validate,
 )
 from agentcompact.markers import COMPACTION_HEADER
+from agentcompact.strategies.cliff import CliffStrategy
 
 from .histories import build, call_points
 
@@ -220,6 +221,22 @@ def test_keyword_shortcuts() -> None:
     e = Engine(dialect="openai_chat", trigger_tokens=5000, target_tokens=1000,
                plugins=new_plugin_manager())
     assert e.budget.trigger == 5000 and e.budget.target == 1000
+
+
+def test_summarizer_options_name_the_problem() -> None:
+    pm = new_plugin_manager()
+    with pytest.raises(ConfigError, match="strategy 'cliff' does not take the settings model"):
+        Engine(strategy="cliff", model="gpt-4o-mini", plugins=pm)
+    with pytest.raises(ConfigError, match="model given twice"):
+        Engine(strategy="summary", model="a", strategy_settings={"model": "b"}, plugins=pm)
+    with pytest.raises(ConfigError, match="strategy object"):
+        Engine(strategy=CliffStrategy(), summarizer={"model": "m"}, plugins=pm)
+    with pytest.raises(ConfigError, match="max_cached_messages must be positive"):
+        Engine(max_cached_messages=0, plugins=pm)
+    bounded = Engine(max_cached_messages=2, dialect="openai_chat", trigger_tokens=10**6,
+                     plugins=pm)
+    msgs = build("openai_chat", PLAN)
+    assert bounded.compact(msgs).tokens_before == engine("openai_chat").compact(msgs).tokens_before
 
 
 def test_shared_store_between_engines() -> None:

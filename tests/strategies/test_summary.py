@@ -237,3 +237,28 @@ def test_streaming_with_latency(sim, pm) -> None:
     server = sim(latency=LatencyModel(ttft_s=0.05, decode_tokens_per_s=2_000))
     result = engine(server, pm, stream=True).compact(history(14))
     assert summary_text(result)
+
+
+@pytest.mark.parametrize("strategy", ["summary", "parallel"])
+def test_engine_summarizer_shortcuts_reach_the_endpoint(sim, pm, log, strategy: str) -> None:
+    server = sim()
+    eng = Engine(strategy=strategy, plugins=pm, **BUDGET, base_url=f"{server.base_url}/v1",
+                 model="shortcut-model", api_key="sk-shortcut")
+    result = eng.compact(history(14))
+    assert result.compacted and result.event is not None and result.event.fallback is None
+    assert server.requests, "the summarizer endpoint was never called"
+    for request in server.requests:
+        assert request.body["model"] == "shortcut-model"
+        assert request.headers["authorization"] == "Bearer sk-shortcut"
+
+
+def test_engine_summarizer_dict_and_env(sim, pm, monkeypatch) -> None:
+    server = sim()
+    monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_BASE_URL", f"{server.base_url}/v1")
+    monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_API_KEY", "sk-env")
+    eng = Engine(strategy="summary", plugins=pm, **BUDGET,
+                 summarizer={"model": "dict-model", "max_retries": 0})
+    assert eng.compact(history(14)).compacted
+    [request] = server.requests
+    assert request.body["model"] == "dict-model"
+    assert request.headers["authorization"] == "Bearer sk-env"
