@@ -209,6 +209,42 @@ class Summarizer:
             info.pm.hook.agentcompact_log_summary_call(call=call)
 
 
+class _Call:
+    """The retry policy of one ``summarize`` call — the same for both drivers below.
+
+    A driver makes attempts; after each failure it asks :meth:`failed` how long to back
+    off (the policy raises the final error, already logged, when there is no retry left);
+    after a success it returns :meth:`done`. Drivers differ only in how they wait.
+    """
+
+    def __init__(self, summarizer: Summarizer, prompt: list[dict[str, Any]],
+                 info: CallInfo) -> None:
+        self.summarizer = summarizer
+        self.prompt = prompt
+        self.info = info
+        self.attempt = 0
+        self.t0 = time.perf_counter()
+
+    def failed(self, exc: Exception) -> float:
+        """The backoff before the next attempt; raises ``SummarizerError`` when final."""
+        s = self.summarizer
+        error = _classify(exc)
+        if isinstance(error, _Retryable) and self.attempt < s.max_retries:
+            delay = s.backoff(self.attempt)
+            self.attempt += 1
+            return delay
+        s.log(self.info, self.prompt, None, time.perf_counter() - self.t0, str(error))
+        raise _final(error, self.attempt) from exc
+
+    def cancelled(self) -> None:
+        self.summarizer.log(self.info, self.prompt, None, time.perf_counter() - self.t0,
+                            "cancelled")
+
+    def done(self, output: SummaryOutput) -> SummaryOutput:
+        self.summarizer.log(self.info, self.prompt, output, output.latency_s, None)
+        return output
+
+
 class SyncSession:
     """Blocking calls on one client (safe to share between threads)."""
 
@@ -219,33 +255,25 @@ class SyncSession:
     def summarize(self, prompt: list[dict[str, Any]], max_tokens: int,
                   info: CallInfo) -> SummaryOutput:
         """One summary; retries per the module policy; raises ``SummarizerError``."""
-        s = self.summarizer
-        t0 = time.perf_counter()
-        attempt = 0
+        call = _Call(self.summarizer, prompt, info)
         while True:
             try:
                 output = self._once(prompt, max_tokens)
-            except Exception as exc:  # classified below; foreign errors become ours
-                error = _classify(exc)
-                if _retryable(error, attempt, s):
-                    time.sleep(s.backoff(attempt))
-                    attempt += 1
-                    continue
-                s.log(info, prompt, None, time.perf_counter() - t0, str(error))
-                raise _final(error, attempt) from exc
-            s.log(info, prompt, output, output.latency_s, None)
-            return output
+            except Exception as exc:  # classified by the policy; foreign errors become ours
+                time.sleep(call.failed(exc))
+                continue
+            return call.done(output)
 
     def _once(self, prompt: list[dict[str, Any]], max_tokens: int) -> SummaryOutput:
         s = self.summarizer
         t0 = time.perf_counter()
         response = self._client.chat.completions.create(**s.request_kwargs(prompt, max_tokens))
-        if s.stream:
-            acc = _StreamAccumulator()
-            for chunk in response:
-                acc.add(chunk)
-            return acc.output(time.perf_counter() - t0)
-        return _from_completion(response, time.perf_counter() - t0)
+        if not s.stream:
+            return _from_completion(response, time.perf_counter() - t0)
+        acc = _StreamAccumulator()
+        for chunk in response:
+            acc.add(chunk)
+        return acc.output(time.perf_counter() - t0)
 
 
 class AsyncSession:
@@ -258,37 +286,29 @@ class AsyncSession:
     async def summarize(self, prompt: list[dict[str, Any]], max_tokens: int,
                         info: CallInfo) -> SummaryOutput:
         """One summary; retries per the module policy; raises ``SummarizerError``."""
-        s = self.summarizer
-        t0 = time.perf_counter()
-        attempt = 0
+        call = _Call(self.summarizer, prompt, info)
         while True:
             try:
                 output = await self._once(prompt, max_tokens)
             except asyncio.CancelledError:
-                s.log(info, prompt, None, time.perf_counter() - t0, "cancelled")
+                call.cancelled()
                 raise
             except Exception as exc:
-                error = _classify(exc)
-                if _retryable(error, attempt, s):
-                    await asyncio.sleep(s.backoff(attempt))
-                    attempt += 1
-                    continue
-                s.log(info, prompt, None, time.perf_counter() - t0, str(error))
-                raise _final(error, attempt) from exc
-            s.log(info, prompt, output, output.latency_s, None)
-            return output
+                await asyncio.sleep(call.failed(exc))
+                continue
+            return call.done(output)
 
     async def _once(self, prompt: list[dict[str, Any]], max_tokens: int) -> SummaryOutput:
         s = self.summarizer
         t0 = time.perf_counter()
         response = await self._client.chat.completions.create(
             **s.request_kwargs(prompt, max_tokens))
-        if s.stream:
-            acc = _StreamAccumulator()
-            async for chunk in response:
-                acc.add(chunk)
-            return acc.output(time.perf_counter() - t0)
-        return _from_completion(response, time.perf_counter() - t0)
+        if not s.stream:
+            return _from_completion(response, time.perf_counter() - t0)
+        acc = _StreamAccumulator()
+        async for chunk in response:
+            acc.add(chunk)
+        return acc.output(time.perf_counter() - t0)
 
 
 # --- helpers ------------------------------------------------------------------------
@@ -372,10 +392,6 @@ def _final(error: SummarizerError, attempt: int) -> SummarizerError:
         tries = f" (after {attempt + 1} attempts)" if attempt else ""
         return SummarizerError(f"{error}{tries}")
     return error
-
-
-def _retryable(error: SummarizerError, attempt: int, s: Summarizer) -> bool:
-    return isinstance(error, _Retryable) and attempt < s.max_retries
 
 
 def _timeout(value: float | None) -> float:

@@ -113,3 +113,26 @@ def test_empty_summary_is_an_error(sim, pm) -> None:
     s = Summarizer(**client(server))
     with s.session() as session, pytest.raises(SummarizerError, match="empty"):
         session.summarize(PROMPT, 20, CallInfo("summary", pm))
+
+
+async def _summarize(s: Summarizer, driver: str, info: CallInfo) -> str:
+    if driver == "sync":
+        with s.session() as session:
+            return session.summarize(PROMPT, 20, info).text
+    async with s.asession() as session:
+        return (await session.summarize(PROMPT, 20, info)).text
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+async def test_one_retry_policy_for_both_drivers(sim, pm, log, driver: str) -> None:
+    failing = Reply("x").failing(Fault.http(503))
+    server = sim(Script(failing, failing, "recovered"))
+    s = Summarizer(**client(server, max_retries=1, backoff_s=0.01))
+    with pytest.raises(SummarizerError, match=r"HTTP 503.*after 2 attempts"):
+        await _summarize(s, driver, CallInfo("summary", pm))
+    assert len(server.requests) == 2  # one attempt + max_retries
+    [call] = log.calls  # the failed call is logged once, with its error
+    assert "503" in (call.error or "") and call.output == ""
+    # a fresh call starts a fresh policy (attempts are not carried over)
+    assert await _summarize(s, driver, CallInfo("summary", pm)) == "recovered"
+    assert len(server.requests) == 3 and log.calls[-1].error is None
