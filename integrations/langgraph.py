@@ -441,7 +441,7 @@ def _ai_of(response: Any) -> AIMessage | None:
     return None
 
 
-class CompactionMiddleware(AgentMiddleware):  # type: ignore[type-arg]  # generic defaults
+class CompactionMiddleware(AgentMiddleware):
     """Compacts what the model sees in ``langchain.agents.create_agent`` agents.
 
     ``wrap_model_call`` / ``awrap_model_call`` replace the request's messages with the

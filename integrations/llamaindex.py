@@ -33,7 +33,9 @@ from llama_index.core.base.llms.types import (
     ThinkingBlock,
     ToolCallBlock,
 )
-from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation import (  # type: ignore[attr-defined]  # re-exported
+    get_dispatcher,                             # without __all__; its documented import path
+)
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
