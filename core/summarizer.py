@@ -13,6 +13,7 @@ argument                       environment variable                    default
 ``model``                      ``AGENTCOMPACT_SUMMARIZER_MODEL``       (required)
 ``api_key``                    ``AGENTCOMPACT_SUMMARIZER_API_KEY``     ``"EMPTY"``
 ``timeout``                    ``AGENTCOMPACT_SUMMARIZER_TIMEOUT``     ``60`` s
+``context_window``             ``AGENTCOMPACT_SUMMARIZER_WINDOW``      ``32000``
 =============================  ======================================  ==========
 
 ``base_url`` is the OpenAI base URL, including ``/v1`` (``http://host:8000/v1``).
@@ -54,6 +55,7 @@ __all__ = [
     "ENV_BASE_URL",
     "ENV_MODEL",
     "ENV_TIMEOUT",
+    "ENV_WINDOW",
     "CallInfo",
     "Summarizer",
     "SummarizerOverflow",
@@ -64,6 +66,7 @@ ENV_BASE_URL = "AGENTCOMPACT_SUMMARIZER_BASE_URL"
 ENV_MODEL = "AGENTCOMPACT_SUMMARIZER_MODEL"
 ENV_API_KEY = "AGENTCOMPACT_SUMMARIZER_API_KEY"
 ENV_TIMEOUT = "AGENTCOMPACT_SUMMARIZER_TIMEOUT"
+ENV_WINDOW = "AGENTCOMPACT_SUMMARIZER_WINDOW"
 
 _RETRY_STATUSES = frozenset({408, 409, 429})
 
@@ -103,7 +106,9 @@ class Summarizer:
     :param backoff_s: first backoff; doubled each retry, capped at ``backoff_max_s``.
     :param stream: stream the answer (lower time-to-first-byte, stall detection per read).
     :param context_window: the summarizer model's window in tokens; prompts are fitted
-        to it by the strategies (``prompt + max_tokens <= context_window``).
+        to it by the strategies (``prompt + max_tokens <= context_window``); env
+        ``AGENTCOMPACT_SUMMARIZER_WINDOW`` (32000). Set it for small local models (an
+        8k llama.cpp server): a prompt over the window fails there, not here.
     :param temperature: sampling temperature (0: as deterministic as the server allows).
     :param extra_body: extra JSON fields for every request (e.g. vLLM's ``top_k``).
     :param max_tokens_param: ``"max_tokens"`` (default, widest support) or
@@ -121,7 +126,7 @@ class Summarizer:
         backoff_s: float = 0.5,
         backoff_max_s: float = 8.0,
         stream: bool = False,
-        context_window: int = 32_000,
+        context_window: int | None = None,
         temperature: float | None = 0.0,
         extra_body: dict[str, Any] | None = None,
         max_tokens_param: str = "max_tokens",
@@ -134,7 +139,8 @@ class Summarizer:
                 "summarizer needs base_url and model (arguments, or the environment "
                 f"variables {ENV_BASE_URL} and {ENV_MODEL})")
         self.api_key = api_key or os.environ.get(ENV_API_KEY) or "EMPTY"
-        self.timeout = _timeout(timeout)
+        self.timeout = _env_number(timeout, ENV_TIMEOUT, 60.0, float)
+        context_window = _env_number(context_window, ENV_WINDOW, 32_000, int)
         if max_retries < 0 or context_window <= 0:
             raise ConfigError(f"bad summarizer settings: max_retries={max_retries}, "
                               f"context_window={context_window}")
@@ -394,16 +400,17 @@ def _final(error: SummarizerError, attempt: int) -> SummarizerError:
     return error
 
 
-def _timeout(value: float | None) -> float:
+def _env_number(value: Any, env: str, default: Any, kind: Any) -> Any:
+    """``value``, else the environment variable ``env`` parsed by ``kind``, else ``default``."""
     if value is not None:
-        return float(value)
-    env = os.environ.get(ENV_TIMEOUT)
-    if env:
+        return kind(value)
+    text = os.environ.get(env)
+    if text:
         try:
-            return float(env)
+            return kind(text)
         except ValueError:
-            raise ConfigError(f"{ENV_TIMEOUT}={env!r} is not a number of seconds") from None
-    return 60.0
+            raise ConfigError(f"{env}={text!r} is not a valid number") from None
+    return default
 
 
 def _openai() -> Any:

@@ -22,9 +22,11 @@ def test_config_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_MODEL", "m")
     monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_API_KEY", "sk-secret")
     monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_TIMEOUT", "7.5")
+    monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_WINDOW", "8192")
     s = Summarizer()
-    assert (s.base_url, s.model, s.api_key, s.timeout) == ("http://127.0.0.1:9/v1", "m",
-                                                           "sk-secret", 7.5)
+    assert (s.base_url, s.model, s.api_key, s.timeout, s.context_window) == (
+        "http://127.0.0.1:9/v1", "m", "sk-secret", 7.5, 8192)
+    assert Summarizer(context_window=4096).context_window == 4096  # arguments win
     assert "sk-secret" not in repr(s)
     assert Summarizer(model="other", timeout=1).model == "other"
 
@@ -37,6 +39,12 @@ def test_missing_config_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_TIMEOUT", "soon")
     with pytest.raises(ConfigError, match="TIMEOUT"):
         Summarizer("http://x/v1", "m")
+    monkeypatch.delenv("AGENTCOMPACT_SUMMARIZER_TIMEOUT")
+    monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_WINDOW", "8k")
+    with pytest.raises(ConfigError, match="WINDOW"):
+        Summarizer("http://x/v1", "m")
+    monkeypatch.delenv("AGENTCOMPACT_SUMMARIZER_WINDOW")
+    assert Summarizer("http://x/v1", "m").context_window == 32_000
 
 
 @pytest.mark.parametrize("stream", [False, True])
