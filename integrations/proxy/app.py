@@ -42,8 +42,9 @@ from agentcompact.events import ModelCall
 from agentcompact.logging_hooks import log_model_call
 from agentcompact.plugins import get_plugin_manager, registry
 from agentcompact.store import InMemoryPrefixStore, PrefixStore
-from agentcompact.tokens import MessageMeter, make_counter
+from agentcompact.tokens import make_counter
 
+from .bodies import BodyCache, Parsed, encode
 from .config import ProxyConfig
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
@@ -81,6 +82,7 @@ class _Plan:
     out: bytes
     ex: ExchangeLog
     body: dict[str, Any] | None = None
+    parsed: Parsed | None = None
     messages: list[Any] | None = None
     engine: Engine | None = None
     result: CompactionResult | None = None
@@ -121,8 +123,8 @@ class EnginePool:
         engine = Engine(strategy=self.config.strategy, dialect=self.dialects[dialect],
                         budget=self.budget, counter=self.counter, store=self.store,
                         plugins=self.pm, episode_id=session,
-                        strategy_settings=self.config.strategy_options or None)
-        engine.meter = MessageMeter(self.counter, engine.dialect, max_entries=_METER_ENTRIES)
+                        strategy_settings=self.config.strategy_options or None,
+                        max_cached_messages=_METER_ENTRIES)
         return engine
 
 
@@ -136,6 +138,9 @@ class CompactionProxy:
         self.pm = plugins if plugins is not None else get_plugin_manager()
         self.store = store if store is not None else InMemoryPrefixStore()
         self.engines = EnginePool(config, self.pm, self.store)
+        #: recent bodies with their parsed messages: a session's next request only parses
+        #: what is new (and keeps the engine's per-message caches hitting, by identity)
+        self.bodies = BodyCache(max_entries=config.max_sessions)
         self.stats = ProxyStats(config.max_sessions)
         self.dumper = DebugDumper(config.debug_dir) if config.debug_dir else None
         self.recorder = _register_recorder(self.pm, config.record) if config.record else None
@@ -173,6 +178,8 @@ class CompactionProxy:
             target=self.engines.budget.target, shadow=c.shadow, strict=c.strict,
             recording=c.record is not None,
             store_entries=len(self.store) if hasattr(self.store, "__len__") else None,
+            parse_reuse={"bodies": len(self.bodies), "hits": self.bodies.hits,
+                         "misses": self.bodies.misses},
         ))
 
     async def handle(self, request: Request) -> Any:
@@ -224,11 +231,12 @@ class CompactionProxy:
             self._apply(plan)
 
     def _parse(self, plan: _Plan, headers: Any) -> None:
-        body = orjson.loads(plan.raw)
+        dialect = self.engines.dialects[plan.dialect]
+        parsed = self.bodies.parse(plan.raw, dialect.messages_key)
+        body = parsed.body
         if not isinstance(body, dict):
             raise TypeError(f"request body is a JSON {type(body).__name__}, not an object")
-        plan.body = body
-        dialect = self.engines.dialects[plan.dialect]
+        plan.body, plan.parsed = body, parsed
         messages = dialect.messages_of(body)
         plan.messages = plan.sent_messages = messages
         plan.ex.session = session_key(dialect, body, headers, messages)
@@ -252,9 +260,19 @@ class CompactionProxy:
         if self.config.strict and result.over_budget:
             plan.refusal = self._refuse(plan, result)
             return
-        body = plan.engine.dialect.with_messages(plan.body, result.messages)
-        plan.out = orjson.dumps(body)
+        plan.out = self._encode(plan, result.messages)
         plan.sent_messages = result.messages
+
+    def _encode(self, plan: _Plan, messages: list[Any]) -> bytes:
+        """The body to send with ``messages``: unchanged messages as the client's own bytes
+        (no re-serialization), new ones encoded; in full for a dialect that rewrites more
+        than the message list."""
+        assert plan.engine is not None and plan.body is not None
+        dialect = plan.engine.dialect
+        if (plan.parsed is not None and plan.parsed.messages is not None
+                and type(dialect).with_messages is Dialect.with_messages):
+            return encode(plan.parsed, messages)
+        return orjson.dumps(dialect.with_messages(plan.body, messages))
 
     def _refuse(self, plan: _Plan, result: CompactionResult) -> BufferedResponse:
         plan.ex.refused = True
@@ -328,7 +346,7 @@ class CompactionProxy:
             else:
                 result = await anyio.to_thread.run_sync(
                     lambda: plan.engine.compact(plan.messages, force=True))  # type: ignore[union-attr]
-            retry = orjson.dumps(plan.engine.dialect.with_messages(plan.body, result.messages))
+            retry = self._encode(plan, result.messages)
         except Exception as exc:
             log.exception("reactive compaction failed; returning the provider's error")
             plan.ex.error = f"reactive: {type(exc).__name__}: {exc}"

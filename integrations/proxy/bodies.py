@@ -1,0 +1,370 @@
+"""Parsing request bodies incrementally: unchanged history is neither parsed nor re-encoded.
+
+An agent's next request is its previous one plus a turn: the same bytes up to the end of
+the last message, then a few new messages, then the rest of the body. ``BodyCache``
+remembers, for recent requests, the raw bytes, the parsed body and the byte span of every
+message of the message array. A new body that starts with the bytes of an earlier one up
+to the end of that one's last message holds those messages unchanged (same bytes from
+offset 0, so the same JSON values at the same place), and gets the very same message
+objects back: the engine's per-message caches are keyed by identity, so they are neither
+digested nor tokenized again. Only the new messages and the keys around the array are
+parsed.
+
+Correctness first: a reused message is one whose bytes are identical to the bytes it was
+parsed from; anything unexpected (no array, a duplicated key, a scanner disagreeing with
+the parser) falls back to a full ``orjson`` parse, and the spans are only used when the
+structure is known exactly.
+
+``encode`` builds the body to send from the spans: messages that go out unchanged are
+copied as the client's own bytes (signed thinking and encrypted reasoning included), only
+new objects (a compaction message, a truncated copy) are serialized.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = ["BodyCache", "Parsed", "encode", "scan_body"]
+
+_STRUCT = re.compile(rb'["\[\]{}]')
+_SCALAR = re.compile(rb"[^,\]}\s]+")
+_WS = re.compile(rb"[ \t\n\r]*")
+_QUOTE, _OBJ, _ARR, _OBJ_END, _ARR_END, _COMMA, _COLON, _BACKSLASH = b'"{[}],:\\'
+#: stands in for the message array when the rest of a body is parsed on its own
+_SENTINEL = "\x00agentcompact:messages"
+_SENTINEL_JSON = orjson.dumps(_SENTINEL)
+
+
+class _Malformed(ValueError):
+    """The scanner met something it does not handle: use a full parse instead."""
+
+
+def _ws(buf: bytes, pos: int) -> int:
+    if pos < len(buf) and buf[pos] in b" \t\n\r":
+        m = _WS.match(buf, pos)
+        assert m is not None
+        return m.end()
+    return pos
+
+
+def _string_end(buf: bytes, pos: int) -> int:
+    """End offset of the JSON string whose opening quote is at ``pos`` (``memchr`` speed)."""
+    find = buf.find
+    i = pos + 1
+    while True:
+        j = find(b'"', i)
+        if j < 0:
+            raise _Malformed("unterminated string")
+        k = j - 1
+        while buf[k] == _BACKSLASH:
+            k -= 1
+        if (j - 1 - k) % 2 == 0:  # an even run of backslashes: the quote is not escaped
+            return j + 1
+        i = j + 1
+
+
+def _skip_value(buf: bytes, pos: int) -> int:
+    """End offset of the JSON value starting at ``pos`` (which must not be whitespace).
+
+    Assumes well-formed JSON (every span found is parsed by ``orjson`` afterwards); brackets
+    inside strings are skipped with the strings.
+    """
+    if pos >= len(buf):
+        raise _Malformed("value expected")
+    c = buf[pos]
+    if c == _QUOTE:
+        return _string_end(buf, pos)
+    if c == _OBJ or c == _ARR:
+        depth = 0
+        search = _STRUCT.search
+        while True:
+            m = search(buf, pos)
+            if m is None:
+                raise _Malformed("unbalanced brackets")
+            pos = m.start()
+            t = buf[pos]
+            if t == _QUOTE:
+                pos = _string_end(buf, pos)
+                continue
+            pos += 1
+            if t == _OBJ or t == _ARR:
+                depth += 1
+            else:
+                depth -= 1
+                if depth == 0:
+                    return pos
+    m = _SCALAR.match(buf, pos)
+    if m is None:
+        raise _Malformed("value expected")
+    return m.end()
+
+
+def _scan_elements(buf: bytes, pos: int, starts: list[int], ends: list[int],
+                   first: bool, values: Sequence[Any] = ()) -> int:
+    """Scan array elements from ``pos`` (just after ``[`` when ``first``, else just after
+    the last known element); append their spans; return the offset of the closing ``]``.
+
+    ``values``, when given, are the parsed elements: one whose compact serialization is
+    what the buffer holds at its place (the common case: clients send compact JSON) is
+    skipped with a ``memcmp`` instead of a scan. Only containers and strings qualify, whose
+    end is fixed by their closing character.
+    """
+    dumps = orjson.dumps
+    pos = _ws(buf, pos)
+    if pos >= len(buf):
+        raise _Malformed("array not closed")
+    if buf[pos] == _ARR_END:
+        return pos
+    if not first:
+        if buf[pos] != _COMMA:
+            raise _Malformed("',' expected")
+        pos = _ws(buf, pos + 1)
+    while True:
+        k = len(starts)
+        end = -1
+        if k < len(values) and isinstance(values[k], (dict, list, str)):
+            try:
+                encoded = dumps(values[k])
+            except TypeError:
+                encoded = b""
+            if encoded and buf.startswith(encoded, pos):
+                end = pos + len(encoded)
+        if end < 0:
+            end = _skip_value(buf, pos)
+        starts.append(pos)
+        ends.append(end)
+        pos = _ws(buf, end)
+        if pos >= len(buf):
+            raise _Malformed("array not closed")
+        c = buf[pos]
+        if c == _ARR_END:
+            return pos
+        if c != _COMMA:
+            raise _Malformed("',' or ']' expected")
+        pos = _ws(buf, pos + 1)
+
+
+def scan_body(buf: bytes, key: str, values: Sequence[Any] = ()
+              ) -> tuple[int, int, list[int], list[int]] | None:
+    """Where the array under top-level ``key`` lies in the JSON object ``buf``.
+
+    ``values``: the parsed array, if known (speeds up the scan; see ``_scan_elements``).
+
+    Returns (offset of ``[``, offset of ``]``, element starts, element ends), or ``None``
+    when the body is not an object, has no array under ``key`` or names ``key`` twice.
+    """
+    found: tuple[int, int, list[int], list[int]] | None = None
+    try:
+        pos = _ws(buf, 0)
+        if pos >= len(buf) or buf[pos] != _OBJ:
+            return None
+        pos = _ws(buf, pos + 1)
+        if pos < len(buf) and buf[pos] == _OBJ_END:
+            return None
+        while True:
+            if pos >= len(buf) or buf[pos] != _QUOTE:
+                return None
+            end = _string_end(buf, pos)
+            name = orjson.loads(buf[pos:end])
+            pos = _ws(buf, end)
+            if pos >= len(buf) or buf[pos] != _COLON:
+                return None
+            pos = _ws(buf, pos + 1)
+            if name == key:
+                if found is not None or pos >= len(buf) or buf[pos] != _ARR:
+                    return None
+                starts: list[int] = []
+                ends: list[int] = []
+                close = _scan_elements(buf, pos + 1, starts, ends, first=True, values=values)
+                found = (pos, close, starts, ends)
+                pos = close + 1
+            else:
+                pos = _skip_value(buf, pos)
+            pos = _ws(buf, pos)
+            if pos >= len(buf):
+                return None
+            if buf[pos] == _OBJ_END:
+                break
+            if buf[pos] != _COMMA:
+                return None
+            pos = _ws(buf, pos + 1)
+    except (_Malformed, orjson.JSONDecodeError):
+        return None
+    return found
+
+
+@dataclass
+class Parsed:
+    """A parsed request body and, when known, where its messages lie in ``raw``.
+
+    ``messages`` is the list under ``key`` (the same list object as ``body[key]``);
+    ``reused`` counts the leading messages taken over from an earlier request (same
+    objects); ``spans`` is ``None`` when the byte layout is unknown.
+    """
+
+    raw: bytes
+    key: str
+    body: Any
+    messages: list[Any] | None
+    reused: int = 0
+    array: int = -1
+    close: int = -1
+    starts: list[int] | None = None
+    ends: list[int] | None = None
+
+    @property
+    def spans(self) -> bool:
+        return self.starts is not None
+
+    def prefix_end(self) -> int:
+        """Bytes a later body must share for every message here to be reused."""
+        assert self.ends is not None
+        return self.ends[-1] if self.ends else self.array + 1
+
+
+class BodyCache:
+    """Recent request bodies with their parsed messages, for incremental parsing.
+
+    Bounded by entry count and by the bytes of the remembered bodies (LRU). Thread-safe;
+    the entries themselves are never mutated after being stored.
+    """
+
+    def __init__(self, max_entries: int = 256, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[int, Parsed] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def parse(self, raw: bytes, key: str) -> Parsed:
+        """``raw`` parsed (as ``orjson.loads`` would), reusing an earlier request's message
+        objects for the messages it shares byte for byte. Raises what ``orjson`` raises for
+        a body that does not parse."""
+        prev = self._candidate(raw, key)
+        parsed = _extend(prev, raw) if prev is not None else None
+        if parsed is None:
+            parsed = _full(raw, key)
+            self.misses += 1
+        else:
+            self.hits += 1
+        if parsed.spans and parsed.messages is not None:
+            # the session moved on: its earlier body is superseded (one entry per session)
+            self._remember(parsed, replaces=prev if parsed.reused else None)
+        return parsed
+
+    # --- incremental path -----------------------------------------------------------
+    def _candidate(self, raw: bytes, key: str) -> Parsed | None:
+        with self._lock:
+            entries = list(reversed(self._entries.values()))
+        for entry in entries:
+            if entry.key != key:
+                continue
+            end = entry.prefix_end()
+            if end <= len(raw) and raw.startswith(memoryview(entry.raw)[:end]):
+                return entry
+        return None
+
+    def _remember(self, parsed: Parsed, replaces: Parsed | None) -> None:
+        with self._lock:
+            if replaces is not None and self._entries.pop(id(replaces.raw), None) is not None:
+                self._bytes -= len(replaces.raw)
+            old = self._entries.pop(id(parsed.raw), None)
+            if old is not None:
+                self._bytes -= len(old.raw)
+            self._entries[id(parsed.raw)] = parsed
+            self._bytes += len(parsed.raw)
+            while self._entries and (len(self._entries) > self.max_entries
+                                     or self._bytes > self.max_bytes):
+                _, dropped = self._entries.popitem(last=False)
+                self._bytes -= len(dropped.raw)
+
+
+def _extend(prev: Parsed, raw: bytes) -> Parsed | None:
+    """``raw`` parsed reusing ``prev``'s messages (``raw`` starts with all of their bytes);
+    ``None`` when anything is off (the caller parses it in full)."""
+    key = prev.key
+    if prev.messages is None or prev.starts is None or prev.ends is None:
+        return None
+    starts, ends = list(prev.starts), list(prev.ends)
+    n = len(starts)
+    try:
+        close = _scan_elements(raw, prev.prefix_end(), starts, ends, first=n == 0)
+        new: list[Any] = []
+        if len(starts) > n:
+            new = orjson.loads(b"[" + raw[starts[n]:close + 1])
+            if not isinstance(new, list) or len(new) != len(starts) - n:
+                return None
+        rest = raw[close + 1:]
+        if rest == prev.raw[prev.close + 1:]:
+            body = dict(prev.body)
+        else:
+            body = orjson.loads(raw[:prev.array] + _SENTINEL_JSON + rest)
+            if not isinstance(body, dict) or body.get(key) != _SENTINEL:
+                return None
+    except (_Malformed, orjson.JSONDecodeError):
+        return None
+    messages = prev.messages[:n] + new
+    body[key] = messages
+    return Parsed(raw, key, body, messages, n, prev.array, close, starts, ends)
+
+
+def _full(raw: bytes, key: str) -> Parsed:
+    body = orjson.loads(raw)
+    value = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(value, list):
+        return Parsed(raw, key, body, None)
+    layout = scan_body(raw, key, value)
+    if layout is None or len(layout[2]) != len(value):
+        return Parsed(raw, key, body, value)
+    array, close, starts, ends = layout
+    return Parsed(raw, key, body, value, 0, array, close, starts, ends)
+
+
+def encode(parsed: Parsed, messages: Sequence[Any]) -> bytes:
+    """The body of ``parsed`` with its message array replaced by ``messages``.
+
+    Messages that are objects of ``parsed.messages`` are copied as their original bytes
+    (runs of consecutive ones as one slice, separators included); others are serialized.
+    Without spans the whole body is serialized (``orjson``).
+    """
+    if not parsed.spans or parsed.messages is None:
+        body = dict(parsed.body)
+        body[parsed.key] = list(messages)
+        return orjson.dumps(body)
+    assert parsed.starts is not None and parsed.ends is not None
+    raw, source = parsed.raw, parsed.messages
+    starts, ends = parsed.starts, parsed.ends
+    index: dict[int, int] | None = None
+    pieces: list[bytes] = []
+    first = last = -1  # the pending run of consecutive original messages
+    for message in messages:
+        i = last + 1
+        if not (i < len(source) and source[i] is message):
+            if index is None:
+                index = {id(m): k for k, m in enumerate(source)}
+            i = index.get(id(message), -1)
+        if first >= 0 and i == last + 1:
+            last = i
+            continue
+        if first >= 0:
+            pieces.append(raw[starts[first]:ends[last]])
+            first = -1
+        if i >= 0:
+            first = last = i
+        else:
+            pieces.append(orjson.dumps(message))
+    if first >= 0:
+        pieces.append(raw[starts[first]:ends[last]])
+    return b"".join((raw[:parsed.array + 1], b",".join(pieces), raw[parsed.close:]))

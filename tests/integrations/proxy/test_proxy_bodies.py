@@ -1,0 +1,183 @@
+"""Incremental body parsing (``BodyCache``) and span-based encoding: every parse must equal a
+fresh ``orjson`` parse, reused messages must be the earlier objects, and an encoded body must
+carry unchanged messages as the client's own bytes."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from agentcompact.integrations.proxy.bodies import BodyCache, encode, scan_body
+
+from .histories import anthropic_history, chat_history, responses_history
+
+Serializer = Callable[[Any], bytes]
+
+SERIALIZERS: dict[str, Serializer] = {
+    "orjson": orjson.dumps,
+    "json-default": lambda v: json.dumps(v).encode(),  # ", " / ": ", \\uXXXX escapes
+    "json-compact-utf8": lambda v: json.dumps(v, separators=(",", ":"),
+                                              ensure_ascii=False).encode(),
+    "json-indent": lambda v: json.dumps(v, indent=2, ensure_ascii=False).encode(),
+}
+
+TRICKY = ['quote " inside', "backslash \\", 'escaped \\" quote', "brackets ] } [ {",
+          "line\nbreak\ttab", "unicode é ü 漢字 \u2028 😀", "\\\\\"", "x" * 3000, ""]
+
+
+def body_of(messages: list[Any], key: str = "messages", **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 100, key: messages, **extra}
+
+
+def check(cache: BodyCache, raw: bytes, key: str = "messages") -> Any:
+    parsed = cache.parse(raw, key)
+    assert parsed.body == orjson.loads(raw)
+    if parsed.messages is not None:
+        assert parsed.messages is parsed.body[key]
+    return parsed
+
+
+@pytest.mark.parametrize("serialize", SERIALIZERS.values(), ids=SERIALIZERS.keys())
+@pytest.mark.parametrize(("history", "key"), [(anthropic_history, "messages"),
+                                              (chat_history, "messages"),
+                                              (responses_history, "input")])
+def test_growing_history_reuses_the_earlier_objects(serialize: Serializer, history: Any,
+                                                    key: str) -> None:
+    full = history(12, result_tokens=40)
+    for i, text in enumerate(TRICKY):  # strings that trip naive scanners
+        full.insert(1 + 2 * i, {"role": "user", "content": text})
+        full.insert(2 + 2 * i, {"role": "assistant", "content": text})
+    cache = BodyCache()
+    previous: list[Any] = []
+    for n in range(1, len(full) + 1, 3):
+        parsed = check(cache, serialize(body_of(full[:n], key)), key)
+        assert parsed.spans
+        assert parsed.reused == len(previous)
+        assert all(a is b for a, b in zip(parsed.messages, previous))
+        previous = parsed.messages
+    assert cache.hits == len(range(1, len(full) + 1, 3)) - 1
+    assert len(cache) == 1  # one entry per session: the superseded body is dropped
+
+
+def test_edits_forks_rewinds_and_other_keys_parse_like_a_fresh_parse() -> None:
+    rnd = random.Random(7)
+    cache = BodyCache()
+    messages: list[Any] = [{"role": "user", "content": "task"}]
+    forks: list[list[Any]] = []
+    for step in range(300):
+        op = rnd.random()
+        if op < 0.45:
+            messages = messages + [{"role": rnd.choice(["user", "assistant"]),
+                                    "content": [{"type": "text", "text": rnd.choice(TRICKY)}],
+                                    "n": rnd.choice([1, -2.5e-7, None, True, "s"])}]
+        elif op < 0.55:  # rewind (a client-side compaction or an undo)
+            messages = messages[:max(1, len(messages) - rnd.randrange(1, 4))]
+        elif op < 0.65:  # edit one message in place
+            messages = list(messages)
+            messages[rnd.randrange(len(messages))] = {"role": "user", "content": f"edit {step}"}
+        elif op < 0.75:  # fork: remember this branch, or go back to an older one
+            if forks and rnd.random() < 0.5:
+                messages = forks.pop()
+            else:
+                forks.append(messages)
+        extra: dict[str, Any] = {}
+        if rnd.random() < 0.3:
+            extra["tools"] = [{"name": "t", "description": rnd.choice(TRICKY)}]
+        if rnd.random() < 0.2:
+            extra["metadata"] = {"user_id": f"u{step}"}
+        body = body_of(messages, **extra) if rnd.random() < 0.5 else {"messages": messages,
+                                                                       **extra, "model": "m"}
+        serialize = rnd.choice(list(SERIALIZERS.values()))
+        parsed = check(cache, serialize(body))
+        assert parsed.spans
+    assert cache.hits > 50 and cache.misses > 20
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"messages": [{"role": "user"}], "messages": [{"role": "assistant"}]}',  # last wins
+    b'{"\\u006dessages": [{"role": "user", "content": "a"}], "model": "m"}',  # escaped name
+    b'  {\n "messages" :\n [ {"role":"user"} ,\n {"role":"assistant"} ] \n}\n ',
+    b'{"messages": []}',
+    b'{"model": "m"}',
+    b'{"messages": "just a string"}',
+    b'[{"messages": []}]',
+    b'{"a": [1, 2.5e3, true, null, {"b": "]}"}], "messages": [{"x": -1}]}',
+])
+def test_odd_bodies(raw: bytes) -> None:
+    cache = BodyCache()
+    first = check(cache, raw)
+    again = check(cache, raw)  # the same bytes twice: a retry
+    if first.spans:
+        assert again.reused == len(first.messages)
+
+
+def test_duplicate_key_is_never_scanned() -> None:
+    assert scan_body(b'{"messages": [1], "messages": [2]}', "messages") is None
+    assert scan_body(b'{"messages": [1, {"a": "]"}]}', "messages") == (13, 27, [14, 17],
+                                                                         [15, 27])
+
+
+def test_a_duplicate_key_arriving_later_is_not_taken_for_reuse() -> None:
+    cache = BodyCache()
+    check(cache, b'{"messages": [{"role": "user"}]}')
+    parsed = check(cache, b'{"messages": [{"role": "user"}, {"role": "x"}], "messages": []}')
+    assert parsed.reused == 0 and not parsed.spans
+
+
+def test_a_broken_tail_raises_like_a_full_parse() -> None:
+    cache = BodyCache()
+    check(cache, b'{"messages": [{"role": "user"}]}')
+    with pytest.raises(orjson.JSONDecodeError):
+        cache.parse(b'{"messages": [{"role": "user"}, {"role": ', "messages")
+    with pytest.raises(orjson.JSONDecodeError):
+        cache.parse(b'{"messages": [{"role": "user"}, {"role": "a"}], "x": tru}', "messages")
+
+
+def test_bounds() -> None:
+    cache = BodyCache(max_entries=2)
+    for session in range(4):
+        check(cache, orjson.dumps(body_of([{"role": "user", "content": f"s{session}"}])))
+    assert len(cache) == 2
+    small = BodyCache(max_bytes=100)
+    check(small, orjson.dumps(body_of([{"role": "user", "content": "x" * 200}])))
+    assert len(small) == 0
+    off = BodyCache(max_entries=0)
+    raw = orjson.dumps(body_of([{"role": "user", "content": "a"}]))
+    check(off, raw)
+    assert check(off, raw).reused == 0
+
+
+@pytest.mark.parametrize("serialize", SERIALIZERS.values(), ids=SERIALIZERS.keys())
+def test_encode_keeps_the_client_bytes_of_unchanged_messages(serialize: Serializer) -> None:
+    history = anthropic_history(10, result_tokens=30)
+    history[3]["content"][0]["thinking"] = "signed \\ \" é 漢 \u2028"
+    cache = BodyCache()
+    check(cache, serialize(body_of(history[:9], tools=[{"name": "t"}])))
+    raw = serialize(body_of(history, tools=[{"name": "t"}]))
+    parsed = check(cache, raw)
+    note = {"role": "user", "content": "[agentcompact: summary]"}
+    for out in ([], history[:1] + [note] + parsed.messages[5:],
+                [note] + parsed.messages, parsed.messages[::2],
+                parsed.messages[3:4] + parsed.messages[3:4] + [note]):
+        sent = encode(parsed, out)
+        expected = dict(orjson.loads(raw))
+        expected["messages"] = out
+        assert orjson.loads(sent) == expected
+        for message in out:
+            if any(message is m for m in parsed.messages):
+                i = next(k for k, m in enumerate(parsed.messages) if m is message)
+                assert raw[parsed.starts[i]:parsed.ends[i]] in sent
+    if serialize is orjson.dumps:  # no whitespace around the elements: the very same bytes
+        assert encode(parsed, parsed.messages) == raw
+
+
+def test_encode_without_spans_serializes() -> None:
+    cache = BodyCache()
+    parsed = check(cache, b'{"messages": [1], "messages": [{"role": "user"}]}')
+    assert not parsed.spans
+    assert orjson.loads(encode(parsed, [{"role": "a"}])) == {"messages": [{"role": "a"}]}
