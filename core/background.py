@@ -25,6 +25,24 @@ How it works — nothing but the engine's prefix store:
    ``fallback="cliff"``. The same happens when, even with the summary swapped in, the
    context is still over the trigger (so the agent never blocks on a summary).
 
+Starting early enough (``adaptive=True``, the default). A summary started at the soft
+threshold is ready in time only if the agent needs longer than the summary's latency ``L``
+to grow the context from there to the trigger. The compactor measures both: the growth
+rate ``r`` of the original history (tokens per second of wall time between ``compact``
+calls) and ``L`` (the duration of its finished background compactions, or
+``latency_hint_s`` before the first one). It starts as soon as the context, projected
+``lead × L`` seconds ahead, would reach the trigger — possibly well below the soft
+threshold (never below the target: there would be nothing to compact). After a swap, if
+the agent is fast, the next summary starts at once: a ready summary of an earlier span is
+in use while the newer span is summarized, the turns that arrived meanwhile verbatim.
+
+This has a hard limit: after a swap the context is at least ``target + r × L`` (what the
+agent added while the summary was written), so when ``r × L >= trigger - target`` no
+schedule can keep up with one summarizer. Then, at the hard trigger, the compactor waits
+only when the running task is expected to finish within ``wait_s`` (from its elapsed time
+and ``L``); otherwise it falls back to cliff at once instead of stalling for nothing.
+``stats`` shows ``rate_tokens_s``, ``latency_s`` and ``early_starts``.
+
 Async only; the agent loop and the task share one event loop.
 """
 
@@ -45,7 +63,13 @@ __all__ = ["BackgroundCompactor", "BackgroundStats"]
 
 @dataclass
 class BackgroundStats:
-    """What the compactor did: tasks started and finished, swaps, waits, fallbacks."""
+    """What the compactor did: tasks started and finished, swaps, waits, fallbacks.
+
+    ``early_starts``: tasks started below the soft threshold (adaptive); ``skipped_waits``:
+    hard-trigger fallbacks taken at once because the task could not finish within
+    ``wait_s``; ``rate_tokens_s`` and ``latency_s``: the current estimates of the history's
+    growth rate and of a background compaction's duration.
+    """
 
     started: int = 0
     finished: int = 0
@@ -55,6 +79,10 @@ class BackgroundStats:
     waited: int = 0
     fell_back: int = 0
     wait_s: float = 0.0
+    skipped_waits: int = 0
+    early_starts: int = 0
+    rate_tokens_s: float = 0.0
+    latency_s: float | None = None
     last_error: str | None = None
 
 
@@ -78,10 +106,22 @@ class BackgroundCompactor:
         must be below the engine's trigger (default: midway between target and trigger).
     :param wait_s: at the hard trigger, how long to wait for a running task before
         falling back to cliff.
+    :param adaptive: also start below the soft threshold when the measured growth rate
+        and summary latency say the soft threshold is too late (see module docstring).
+    :param latency_hint_s: the expected duration of one background compaction, used
+        until one has been measured (None: start at the soft threshold until then).
+    :param lead: safety factor on that latency (start ``lead × L`` seconds ahead).
+    :param max_pending: background compactions in flight at once (default 1). With more,
+        a new one starts every ``L / max_pending`` seconds while due, so a summary of an
+        earlier span is swapped in while a newer one is still being written: this keeps up
+        with faster agents when the summarizer serves requests concurrently (see
+        docs/background.md), at the price of more summarizer calls.
     """
 
     def __init__(self, engine: Engine, soft_trigger_tokens: int | None = None,
-                 wait_s: float = 5.0) -> None:
+                 wait_s: float = 5.0, *, adaptive: bool = True,
+                 latency_hint_s: float | None = None, lead: float = 1.5,
+                 max_pending: int = 1) -> None:
         budget = engine.budget
         soft = soft_trigger_tokens if soft_trigger_tokens is not None else (
             (budget.target + budget.trigger) // 2)
@@ -90,61 +130,122 @@ class BackgroundCompactor:
                               f"{budget.trigger})")
         if wait_s < 0:
             raise ConfigError(f"wait_s must be >= 0, got {wait_s}")
+        if lead < 1 or max_pending < 1 or (latency_hint_s is not None and latency_hint_s < 0):
+            raise ConfigError(f"need lead >= 1, max_pending >= 1, latency_hint_s >= 0; got "
+                              f"lead={lead}, max_pending={max_pending}, "
+                              f"latency_hint_s={latency_hint_s}")
+        self.max_pending = max_pending
+        self.adaptive = adaptive
+        self.lead = lead
         self.engine = engine
         self.soft_trigger_tokens = soft
         self.wait_s = wait_s
-        self.stats = BackgroundStats()
+        self.stats = BackgroundStats(latency_s=latency_hint_s)
         self._cliff = Engine(
             _NotReady(engine.strategy_name, wait_s), engine.dialect, budget,
             counter=engine.counter, store=engine.store, plugins=engine.pm,
             strict=engine.strict, validate_output=engine.validate_output,
             episode_id=engine.episode_id)
-        self._task: asyncio.Task[CompactionResult] | None = None
+        self._jobs: list[_Job] = []  # in start order
         self._started_len = -1
         self._sent_cut = 0
+        self._last: tuple[float, int] | None = None  # (time, original tokens) of last call
 
     @property
     def pending(self) -> bool:
         """True while a background compaction is running."""
-        return self._task is not None and not self._task.done()
+        return any(not job.task.done() for job in self._jobs)
 
     async def prepare(self, messages: Sequence[Any]) -> bool:
-        """Start a background compaction if ``messages`` is past the soft threshold and
-        none is running; return True when one was started."""
+        """Start a background compaction if ``messages`` is past the start point (the soft
+        threshold, or earlier when adaptive) and there is room for one; True when started."""
         self._reap()
-        if self.pending or len(messages) <= self._started_len:
-            return False
-        if self.engine.context_tokens(messages) <= self.soft_trigger_tokens:
-            return False
-        self._start(messages)
-        return True
+        return self._maybe_start(messages, self.engine.context_tokens(messages))
 
     async def compact(self, messages: Sequence[Any]) -> CompactionResult:
         """The context to send now; never blocks on a summary longer than ``wait_s``."""
         self._reap()
-        if self.engine.context_tokens(messages) <= self.engine.budget.trigger:
-            await self.prepare(messages)
+        self._observe(messages)
+        trigger = self.engine.budget.trigger
+        tokens = self.engine.context_tokens(messages)
+        if tokens <= trigger:
+            self._maybe_start(messages, tokens)
             return await self._send(messages)
-        if self._task is None:
+        if not self._jobs and not self._too_slow(0.0):
             self._start(messages)  # jumped past the soft threshold straight to the hard one
-        if self.pending:
-            await self._wait()
-        self._reap()
-        if not self.pending and self.engine.context_tokens(messages) <= self.engine.budget.trigger:
+        deadline = time.perf_counter() + self.wait_s
+        waited = False
+        while self._jobs and self.engine.context_tokens(messages) > trigger:
+            oldest = self._jobs[0]
+            now = time.perf_counter()
+            if now >= deadline or self._too_slow(now - oldest.t0):
+                break
+            waited = True
+            await asyncio.wait({oldest.task}, timeout=deadline - now)
+            self._reap()
+        if waited:
+            self.stats.waited += 1
+            self.stats.wait_s += time.perf_counter() - (deadline - self.wait_s)
+        if self.engine.context_tokens(messages) <= trigger:
             return await self._send(messages)
+        if not waited:
+            self.stats.skipped_waits += 1
         await self._cancel()
         self.stats.fell_back += 1
         return await self._cliff.acompact(messages)
 
     async def aclose(self) -> None:
-        """Cancel a running background compaction."""
+        """Cancel the running background compactions."""
         await self._cancel()
 
     # --- internals --------------------------------------------------------------------
+    def _due(self, tokens: int) -> bool:
+        """Is it time to start: past the soft threshold, or (adaptive) would the context
+        reach the trigger within ``lead × latency`` at the measured growth rate?"""
+        if tokens > self.soft_trigger_tokens:
+            return True
+        budget = self.engine.budget
+        latency, rate = self.stats.latency_s, self.stats.rate_tokens_s
+        if not self.adaptive or tokens <= budget.target or latency is None or rate <= 0:
+            return False
+        return tokens + rate * latency * self.lead >= budget.trigger
+
+    def _room(self) -> bool:
+        """Room for another task: fewer than ``max_pending``, the newest started at least
+        ``latency / max_pending`` ago (staggered, so swaps come at even intervals)."""
+        if not self._jobs:
+            return True
+        if len(self._jobs) >= self.max_pending:
+            return False
+        latency = self.stats.latency_s
+        spacing = (latency if latency is not None else 0.0) / self.max_pending
+        return time.perf_counter() - self._jobs[-1].t0 >= spacing
+
+    def _maybe_start(self, messages: Sequence[Any], tokens: int) -> bool:
+        if len(messages) <= self._started_len or not self._room() or not self._due(tokens):
+            return False
+        if tokens <= self.soft_trigger_tokens:
+            self.stats.early_starts += 1
+        self._start(messages)
+        return True
+
+    def _observe(self, messages: Sequence[Any]) -> None:
+        """Update the growth rate (original tokens per second between calls, EWMA)."""
+        now, size = time.perf_counter(), self.engine.count(messages)
+        last, self._last = self._last, (now, size)
+        if last is None or size <= last[1] or now <= last[0]:
+            return
+        sample = (size - last[1]) / (now - last[0])
+        rate = self.stats.rate_tokens_s
+        self.stats.rate_tokens_s = sample if rate <= 0 else 0.5 * rate + 0.5 * sample
+
     def _start(self, messages: Sequence[Any]) -> None:
         self._started_len = len(messages)
-        self._task = asyncio.create_task(self.engine.aprecompact(list(messages)),
-                                         name="agentcompact-background")
+        task = asyncio.create_task(self.engine.aprecompact(list(messages)),
+                                   name="agentcompact-background")
+        job = _Job(task, time.perf_counter(), len(messages))
+        task.add_done_callback(job.finished)
+        self._jobs.append(job)
         self.stats.started += 1
 
     async def _send(self, messages: Sequence[Any]) -> CompactionResult:
@@ -154,33 +255,70 @@ class BackgroundCompactor:
         self._sent_cut = result.cut
         return result
 
-    async def _wait(self) -> None:
-        assert self._task is not None
-        t0 = time.perf_counter()
-        self.stats.waited += 1
-        await asyncio.wait({self._task}, timeout=self.wait_s)
-        self.stats.wait_s += time.perf_counter() - t0
+    def _too_slow(self, elapsed: float) -> bool:
+        """Adaptive: a task that has run ``elapsed`` s is expected to need more than
+        ``wait_s`` more (measured latency) — waiting would stall for nothing."""
+        latency = self.stats.latency_s
+        return self.adaptive and latency is not None and latency - elapsed > self.wait_s
 
     def _reap(self) -> None:
-        task = self._task
-        if task is None or not task.done():
+        """Account for finished tasks; drop (cancel) older ones a newer finished task
+        supersedes (its stored prefix is longer, the older one would never be used)."""
+        done = [k for k, job in enumerate(self._jobs) if job.task.done()]
+        if not done:
             return
-        self._task = None
+        newest_ok = max((k for k in done if _succeeded(self._jobs[k].task)), default=-1)
+        keep: list[_Job] = []
+        for k, job in enumerate(self._jobs):
+            if not job.task.done():
+                if k < newest_ok:
+                    job.task.cancel()  # superseded: its result would never be used
+                    self.stats.cancelled += 1
+                    continue
+                keep.append(job)
+                continue
+            self._account(job)
+        self._jobs = keep
+
+    def _account(self, job: _Job) -> None:
+        task = job.task
+        took = job.took if job.took is not None else time.perf_counter() - job.t0
         if task.cancelled():
             self.stats.cancelled += 1
+            # it ran `took` seconds without finishing: the latency is at least that
+            self.stats.latency_s = max(took, self.stats.latency_s or 0.0)
             return
         error = task.exception()
         if error is not None:
             self.stats.failed += 1
             self.stats.last_error = f"{type(error).__name__}: {error}"
-        else:
-            self.stats.finished += 1
+            return
+        self.stats.finished += 1
+        if task.result().events:  # a real compaction (not a no-op) was timed
+            latency = self.stats.latency_s
+            self.stats.latency_s = took if latency is None else 0.5 * latency + 0.5 * took
 
     async def _cancel(self) -> None:
-        task = self._task
-        if task is None:
-            return
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        self._reap()
+        jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            if not job.task.done():
+                job.task.cancel()
+        if jobs:
+            await asyncio.gather(*(job.task for job in jobs), return_exceptions=True)
+        for job in jobs:
+            self._account(job)
+
+
+@dataclass
+class _Job:
+    task: asyncio.Task[CompactionResult]
+    t0: float
+    length: int
+    took: float | None = None
+
+    def finished(self, task: asyncio.Task[CompactionResult]) -> None:
+        self.took = time.perf_counter() - self.t0
+
+
+def _succeeded(task: asyncio.Task[CompactionResult]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None

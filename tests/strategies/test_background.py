@@ -133,3 +133,108 @@ def test_soft_threshold_must_be_below_trigger(sim, pm) -> None:
     with pytest.raises(ConfigError):
         BackgroundCompactor(eng, soft_trigger_tokens=TRIGGER)
     assert BackgroundCompactor(eng).soft_trigger_tokens == (TARGET + TRIGGER) // 2
+
+
+async def _settle(bg: BackgroundCompactor) -> None:
+    while bg.pending:
+        await asyncio.sleep(0.02)
+
+
+async def test_adaptive_start_below_the_soft_threshold(sim, pm, log) -> None:
+    """With a growth rate and a summary latency (here a hint) that would reach the trigger
+    before a summary started at the soft threshold is ready, it starts earlier."""
+    server = sim()
+    eng = engine(server, pm)
+    bg = BackgroundCompactor(eng, soft_trigger_tokens=SOFT, wait_s=5, latency_hint_s=60)
+    msgs = history(5)
+    assert eng.context_tokens(msgs) < TARGET
+    await bg.compact(msgs)
+    while eng.context_tokens(msgs + history(1, start=99)) <= TARGET:  # never early under it
+        msgs = grow(msgs, 1)
+        await bg.compact(msgs)
+        assert not bg.pending
+    msgs = grow(msgs, 1)
+    assert TARGET < eng.context_tokens(msgs) < SOFT
+    result = await bg.compact(msgs)  # over target, below soft; 60 s of growth reaches trigger
+    assert not result.modified and bg.stats.started == 1 and bg.stats.early_starts == 1
+    assert bg.stats.rate_tokens_s > 0
+    await _settle(bg)
+    msgs = grow(msgs, 1)
+    result = await bg.compact(msgs)
+    assert bg.stats.swapped == 1 and text_of(result.messages[2]).startswith(SUMMARY_HEADER)
+    assert [e.reason for e in log.events] == ["background"]
+    # the measured latency replaces the hint
+    assert bg.stats.latency_s is not None and bg.stats.latency_s < 60
+
+
+async def test_not_adaptive_waits_for_the_soft_threshold(sim, pm) -> None:
+    bg = BackgroundCompactor(engine(sim(), pm), soft_trigger_tokens=SOFT, wait_s=5,
+                             latency_hint_s=60, adaptive=False)
+    msgs = history(5)
+    while bg.engine.context_tokens(msgs) <= SOFT:
+        await bg.compact(msgs)
+        assert not bg.pending
+        msgs = grow(msgs, 1)
+    await bg.compact(msgs)
+    assert bg.pending and bg.stats.early_starts == 0
+    await bg.aclose()
+
+
+async def test_hopeless_wait_falls_back_at_once(sim, pm, log) -> None:
+    """When the running summary is expected to need longer than wait_s, the hard trigger
+    goes straight to cliff instead of stalling wait_s for nothing."""
+    server = sim(Script(then=lambda body: digest_reply(body).failing(Fault.delay(5))))
+    eng = engine(server, pm)
+    bg = BackgroundCompactor(eng, soft_trigger_tokens=SOFT, wait_s=3, latency_hint_s=30)
+    msgs = history(10)
+    await bg.compact(msgs)
+    assert bg.pending
+    result = await bg.compact(grow(msgs, 5))
+    assert bg.stats.skipped_waits == 1 and bg.stats.waited == 0 and bg.stats.fell_back == 1
+    assert result.compacted and text_of(result.messages[2]).startswith(COMPACTION_HEADER)
+    assert not bg.pending and bg.stats.cancelled == 1
+    assert log.events[-1].fallback == "cliff" and "not ready" in (log.events[-1].error or "")
+    validate(result.messages, eng.dialect, allow_pending=True)
+
+
+async def test_cancelled_summary_raises_the_latency_estimate(sim, pm) -> None:
+    server = sim(Script(then=lambda body: digest_reply(body).failing(Fault.delay(5))))
+    bg = BackgroundCompactor(engine(server, pm), soft_trigger_tokens=SOFT, wait_s=0.3)
+    msgs = history(10)
+    await bg.compact(msgs)
+    assert bg.stats.latency_s is None
+    await bg.compact(grow(msgs, 5))  # waits 0.3 s, falls back, cancels
+    assert bg.stats.waited == 1 and bg.stats.fell_back == 1
+    assert bg.stats.latency_s is not None and bg.stats.latency_s >= 0.3
+
+
+async def test_staggered_tasks_swap_an_earlier_summary_while_a_newer_runs(sim, pm, log
+                                                                         ) -> None:
+    """max_pending=2: a second compaction starts while the first runs; the first is
+    swapped in when ready (turns since its cut verbatim), then the second replaces it."""
+    server = sim(latency=LatencyModel(ttft_s=1.0))
+    eng = engine(server, pm)
+    bg = BackgroundCompactor(eng, soft_trigger_tokens=SOFT, wait_s=10, latency_hint_s=0.4,
+                             max_pending=2, adaptive=False)
+    msgs = history(10)
+    await bg.compact(msgs)  # over soft: A starts
+    assert bg.stats.started == 1
+    await asyncio.sleep(0.25)  # at least latency/max_pending = 0.2 s later
+    msgs = grow(msgs, 1)
+    await bg.compact(msgs)  # B starts while A runs
+    assert bg.stats.started == 2 and bg.pending
+    while bg.stats.finished < 1:
+        await asyncio.sleep(0.02)
+        assert not await bg.prepare(msgs)  # accounts for finished tasks, starts nothing
+    assert bg.pending  # B still runs
+    msgs = grow(msgs, 1)
+    a = await bg.compact(msgs)
+    assert a.modified and not a.compacted and text_of(a.messages[2]).startswith(SUMMARY_HEADER)
+    assert a.messages[3:] == msgs[a.cut:] and bg.stats.swapped == 1
+    await _settle(bg)
+    msgs = grow(msgs, 1)
+    b = await bg.compact(msgs)
+    assert bg.stats.swapped == 2 and b.cut > a.cut
+    assert b.messages[3:] == msgs[b.cut:]
+    assert [e.reason for e in log.events] == ["background", "background"]
+    validate(b.messages, eng.dialect, allow_pending=True)
