@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from ..dialects.base import Dialect, digest_of
-from ..errors import TrajectoryError
+from ..errors import TokenizerError, TrajectoryError
 from ..events import CompactionEvent, ModelCall, SummaryCall
 from .tokenize import (
     ChatTokenizer,
@@ -128,10 +128,106 @@ def _request_chat(summary: SummaryCall) -> list[dict[str, Any]]:
     return out or [{"role": "user", "content": ""}]
 
 
-class _Builder:
-    """Grows one segment call by call."""
+class _Window:
+    """Chat-template renders of a growing conversation, each computed from a short window.
 
-    def __init__(self, call: ModelCall, tok: ChatTokenizer, *, verify: bool) -> None:
+    Rendering the whole conversation on every call is quadratic in the number of calls. For
+    a template that renders each message from its neighbours only (ChatML, Llama 3, ...),
+    ``render(conv + new)`` = the text before the window, unchanged, + the window's part of
+    ``render([conv[0], *conv[a:], *new])`` (``conv[0]`` is pinned: templates special-case the
+    first message). ``head`` is that text before the window: the last trusted render minus
+    the window's part, checked to be its suffix whenever the window is re-anchored.
+
+    Nothing here is trusted blindly: ``render`` returns ``None`` when the window cannot be
+    used (the caller renders in full), and the builder compares the last text against one
+    full render when the segment closes, rebuilding the segment with full renders on any
+    difference.
+    """
+
+    #: messages after ``conv[0]`` in the window before it is moved up to the last few
+    LIMIT = 6
+    KEEP = 2
+
+    def __init__(self, tok: ChatTokenizer, tools: list[dict[str, Any]] | None) -> None:
+        self.tok, self.tools = tok, tools
+        self.conv: list[dict[str, Any]] = []
+        self.head = ""
+        self.start = 0  # the window: conv[0] + conv[start:]
+        self.pin = ""  # render([conv[0]]): the prefix every window render starts with
+        self.failures = 0  # anchorings that did not match: after two, full renders only
+
+    def reset(self, conv: list[dict[str, Any]], text: str, gen: bool) -> None:
+        """Trust ``text`` = render(``conv``, ``gen``) and anchor the window on it."""
+        self.conv = []
+        if len(conv) <= self.LIMIT or self.failures > 1 or not self._pin(conv[0]):
+            return
+        self._anchor(conv, text, gen)
+
+    def _pin(self, first: dict[str, Any]) -> bool:
+        try:
+            self.pin = self.tok.render([first], self.tools)
+        except TokenizerError:
+            return False
+        return True
+
+    def _anchor(self, conv: list[dict[str, Any]], text: str, gen: bool) -> None:
+        last = max(1, len(conv) - self.KEEP)
+        # not inside a run of tool results (templates grouping them look one message back),
+        # on the same parity if near (templates checking that roles alternate)
+        starts = [i for i in range(last, max(0, last - 4), -1)
+                  if conv[i].get("role") != "tool"]
+        start = next((i for i in starts if i % 2 == 1), starts[0] if starts else last)
+        part = self._part([conv[0], *conv[start:]], gen)
+        if part is None or not text.endswith(part):
+            self.conv = []
+            self.failures += 1
+            return
+        self.conv, self.start = list(conv), start
+        self.head = text[: len(text) - len(part)]
+
+    def _part(self, window: list[dict[str, Any]], gen: bool) -> str | None:
+        try:
+            text = self.tok.render(window, self.tools, add_generation_prompt=gen)
+        except TokenizerError:
+            return None
+        return text[len(self.pin):] if text.startswith(self.pin) else None
+
+    def render(self, conv: list[dict[str, Any]], gen: bool) -> str | None:
+        """render(``conv``, ``gen``) from the window, or ``None`` (render in full)."""
+        old = self.conv
+        if not old or len(conv) < len(old) - 1:
+            return None
+        same = next((i for i, (a, b) in enumerate(zip(old, conv)) if a is not b),
+                    min(len(old), len(conv)))
+        if same < self.start:  # a message before the window changed
+            self.conv = []
+            return None
+        part = self._part([conv[0], *conv[self.start:]], gen)
+        if part is None:
+            self.conv = []
+            return None
+        text = self.head + part
+        self.conv = list(conv)
+        if len(conv) - self.start > self.LIMIT:
+            self._anchor(conv, text, gen)
+        return text
+
+
+class _Redo(Exception):
+    """A windowed render disagreed with a full one: rebuild the segment with full renders."""
+
+
+class _Builder:
+    """Grows one segment call by call.
+
+    Renders go through ``_Window`` (each call's prompt as an extension of the previous
+    render) unless ``exact``; any break that depends on the text, and the segment's last
+    text when it closes, are then checked against a full render, raising ``_Redo`` on a
+    difference (``build_segments`` rebuilds the segment with ``exact=True``).
+    """
+
+    def __init__(self, call: ModelCall, tok: ChatTokenizer, *, verify: bool,
+                 exact: bool = False) -> None:
         self.tok = tok
         self.dialect = get_dialect(call.dialect)
         self.first = call
@@ -141,13 +237,32 @@ class _Builder:
         self.recorded = _recorded(call)
         self.logprobs_known = True
         self.num_calls = 0
+        self.window = None if exact or self.recorded else _Window(tok, self.tools)
+        self.unverified = False  # some text came from the window
         self.chat = to_chat_messages(call.messages, self.dialect, self.system)
         if self.recorded:
             self.stream = TokenStream.from_ids(tok, call.prompt_token_ids or [])
         else:
-            self.gen = tok.render(self.chat, self.tools, add_generation_prompt=True)
+            self.gen = self._render(self.chat, True, full=True)
             self.stream = TokenStream(tok, self.gen, verify=verify)
         self._respond(call, self.chat)
+
+    def _render(self, chat: list[dict[str, Any]], gen: bool, *, full: bool = False) -> str:
+        window = self.window
+        text = None if window is None or full else window.render(chat, gen)
+        if text is None:
+            text = self.tok.render(chat, self.tools, add_generation_prompt=gen)
+            if window is not None:
+                window.reset(chat, text, gen)
+        else:
+            self.unverified = True
+        return text
+
+    def _confirm(self, chat: list[dict[str, Any]], gen: bool, text: str) -> None:
+        """Raise ``_Redo`` unless ``text`` (maybe windowed) equals the full render."""
+        if self.unverified and text != self.tok.render(chat, self.tools,
+                                                       add_generation_prompt=gen):
+            raise _Redo
 
     def _digests(self, messages: Sequence[Any]) -> list[str]:
         return [self.dialect.digest(m) for m in messages]
@@ -159,8 +274,9 @@ class _Builder:
             self.stream.push_ids(call.response_token_ids or [], 1, call.response_logprobs)
             self.logprobs_known &= call.response_logprobs is not None
         else:
-            full = self.tok.render(chat, self.tools)
+            full = self._render(chat, False)
             if not full.startswith(self.gen):
+                self._confirm(chat, False, full)
                 raise TrajectoryError(
                     f"episode {call.episode_id}, call {call.call_id}: the chat template "
                     "renders the assistant turn without its own generation prompt as prefix"
@@ -169,6 +285,7 @@ class _Builder:
             kept = self.stream.sample(sampled, call.response_token_ids, call.response_logprobs)
             self.logprobs_known &= kept
             self.after = self.gen + sampled
+            self.full = full
         self.chat = chat
         self.ext = [*call.messages, *call.response]
 
@@ -194,15 +311,25 @@ class _Builder:
             if self.recorded:
                 self.stream.extend_ids(call.prompt_token_ids or [])
             else:
-                gen = self.tok.render(context, self.tools, add_generation_prompt=True)
+                gen = self._render(context, True)
                 if not gen.startswith(self.after):
+                    self._confirm(context, True, gen)
                     return "template"
-                self.stream.extend(gen[len(self.after):])
+                try:
+                    self.stream.extend(gen[len(self.after):])
+                except PrefixBreak:
+                    self._confirm(context, True, gen)
+                    raise
                 self.gen = gen
         except PrefixBreak as exc:
             return exc.reason
         self._respond(call, context)
         return None
+
+    def check(self) -> None:
+        """Before the segment closes: its text so far equals a full render (else ``_Redo``)."""
+        if not self.recorded:
+            self._confirm(self.chat, False, self.full)
 
     def append_summary(self, summary: SummaryCall) -> bool:
         """Append the summary request (mask 0) and the policy's summary (mask 1)."""
@@ -253,6 +380,7 @@ def _close(
     summary_trained: bool | None,
     keep_messages: bool,
 ) -> Segment:
+    builder.check()
     if reason:
         for summary in summaries:
             trained = summary.trained if summary_trained is None else summary_trained
@@ -274,6 +402,7 @@ def build_segments(
     summary_trained: bool | None = None,
     verify: bool = False,
     keep_messages: bool = False,
+    window: bool = True,
 ) -> list[Segment]:
     """Segments of one episode from its events in log order.
 
@@ -283,27 +412,44 @@ def build_segments(
     :param summary_trained: override ``SummaryCall.trained`` for every summary.
     :param verify: check each segment's ids against a full encode of its text.
     :param keep_messages: fill ``messages_json`` (chat-template messages, for debugging).
+    :param window: render each call's prompt from a short window of the conversation
+        (checked against one full render per segment, see ``_Window``); ``False`` renders
+        the whole conversation on every call. The segments are the same either way.
     """
     segments: list[Segment] = []
     builder: _Builder | None = None
+    begin = exact_at = -1  # item index of the builder's first call; of a rebuild
     compaction: CompactionEvent | None = None
     summaries: list[SummaryCall] = []
-    for kind, value in items:
+    i = 0
+    while i < len(items):
+        kind, value = items[i]
         if kind == "compaction":
             compaction = value
         elif kind == "summary_call":
             summaries.append(value)
         elif kind == "model_call":
-            reason = builder.extend(value) if builder is not None else None
-            if builder is not None and reason is not None:
-                segments.append(_close(builder, compaction, summaries, reason=reason,
+            try:
+                reason = builder.extend(value) if builder is not None else None
+                if builder is not None and reason is not None:
+                    segments.append(_close(builder, compaction, summaries, reason=reason,
+                                           summary_trained=summary_trained,
+                                           keep_messages=keep_messages))
+                    builder = None
+                if builder is None:
+                    begin = i
+                    builder = _Builder(value, tok, verify=verify,
+                                       exact=not window or i == exact_at)
+            except _Redo:  # a windowed render was wrong: this segment again, fully rendered
+                builder, i, exact_at = None, begin, begin
+                continue
+            compaction, summaries = None, []
+        i += 1
+        if i == len(items) and builder is not None:
+            try:
+                segments.append(_close(builder, None, [], reason="",
                                        summary_trained=summary_trained,
                                        keep_messages=keep_messages))
-                builder = None
-            if builder is None:
-                builder = _Builder(value, tok, verify=verify)
-            compaction, summaries = None, []
-    if builder is not None:
-        segments.append(_close(builder, None, [], reason="", summary_trained=summary_trained,
-                               keep_messages=keep_messages))
+            except _Redo:
+                builder, i, exact_at = None, begin, begin
     return segments

@@ -196,3 +196,71 @@ def test_anthropic_blocks_convert_to_chat() -> None:
         {"role": "tool", "tool_call_id": "t1", "content": "out"},
         {"role": "user", "content": "next"},
     ]
+
+
+class _CountingTokenizer(ChatTokenizer):
+    """Counts the messages it renders (to tell a linear export from a quadratic one)."""
+
+    rendered = 0
+
+    def render(self, chat: Any, tools: Any = None, add_generation_prompt: bool = False) -> str:
+        self.rendered += len(chat)
+        return super().render(chat, tools, add_generation_prompt)
+
+
+def _tokenizer(template: str | None = None) -> _CountingTokenizer:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(QWEN_TOKENIZER)
+    if template is not None:
+        hf.chat_template = template
+    return _CountingTokenizer(hf, "t")
+
+
+def _same(a: list[Any], b: list[Any]) -> None:
+    assert [vars(s) for s in a] == [vars(s) for s in b]
+
+
+def test_windowed_renders_equal_full_renders_at_linear_cost() -> None:
+    events = agent_loop("e", 70, compact_at=50, trained_summary=True)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    for _, value in events:
+        if isinstance(value, ModelCall):
+            value.request["tools"] = tools
+    windowed, full = _tokenizer(), _tokenizer()
+    _same(build_segments(events, windowed, verify=True),
+          build_segments(events, full, window=False, verify=True))
+    # every call renders the whole conversation (~ turns^2) vs a few messages per call
+    assert full.rendered > 6000 and windowed.rendered < full.rendered / 4
+
+
+def test_template_reading_far_back_falls_back_to_full_renders() -> None:
+    """Reasoning shown only after the last user message (as Qwen3 does): a new user turn
+    rewrites every earlier assistant turn, beyond any window; the segment's closing check
+    catches it and the segment is rebuilt from full renders."""
+    tok = _tokenizer(
+        "{% set ns = namespace(last=-1) %}{% for m in messages %}{% if m.role == 'user' %}"
+        "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.reasoning_content and loop.index0 > ns.last %}<think>{{ m.reasoning_content }}"
+        "</think>{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    events = agent_loop("e", 16)
+    calls = [value for _, value in events]
+    for call in calls[:6]:
+        call.response[0]["reasoning_content"] = "hmm"
+    for call in calls[13:]:  # the user speaks again after call 12 (calls 6-12 did not reason)
+        call.messages.insert(27, {"role": "user", "content": "Also check the tests."})
+    segs = build_segments(events, tok)
+    _same(segs, build_segments(events, tok, window=False))
+    assert [s.num_calls for s in segs] == [13, 3] and segs[0].break_reason == "template"
+
+
+def test_template_numbering_messages_renders_in_full() -> None:
+    tok = _tokenizer(
+        "{% for m in messages %}<|im_start|>{{ m.role }} {{ loop.index0 }}\n{{ m.content }}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant "
+        "{{ messages|length }}\n{% endif %}")
+    events = agent_loop("e", 12)
+    segs = build_segments(events, tok, verify=True)
+    _same(segs, build_segments(events, tok, window=False, verify=True))
