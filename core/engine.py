@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import operator
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -28,6 +29,7 @@ from typing import Any
 
 import orjson
 import pluggy
+import xxhash
 
 from .budget import Budget
 from .dialects.base import Dialect
@@ -82,6 +84,7 @@ class _View:
     chain: list[str]
     prefix: list[int]  # prefix[i] = tokens of messages[:i]
     fixed: int = 0  # tokens sent besides the messages (system prompt, tool schemas)
+    raw: list[Any] | None = None  # digests of each message's JSON as sent, if taken
 
 
 @dataclass
@@ -237,6 +240,9 @@ class Engine:
         self.episode_id = episode_id
         self._lock = threading.RLock()
         self._last_view: _View | None = None
+        # the last prefix-store lookup: (store version, n, chain key of n, hit length)
+        self._scan: tuple[int, int, str, int] | None = None
+        self._by_json = type(self.dialect).digest is Dialect.digest
         self._fixed_cache: dict[str, int] = {}
 
     @property
@@ -563,37 +569,103 @@ class Engine:
         msgs = list(messages)
         with self._lock:
             last = self._last_view
-            k = 0
-            if last is not None:
-                for a, b in zip(msgs, last.messages):
-                    if a is not b:
-                        break
-                    k += 1
-            if last is not None and k:
-                # the shared prefix is the same objects as last call's: reuse its figures
-                measured = self.meter.measure(msgs[k:])
-                digests = last.digests[:k] + measured.digests
-                tokens = last.tokens[:k] + measured.tokens
-                chain = chain_digests(digests, last.chain[:k])
-                prefix = last.prefix[: k + 1]
-                prefix += itertools.accumulate(measured.tokens, initial=prefix[-1])
-                del prefix[k + 1]
-            else:
+            if last is None:
                 measured = self.meter.measure(msgs)
                 digests, tokens = measured.digests, measured.tokens
-                chain = chain_digests(digests)
-                prefix = [0, *itertools.accumulate(tokens)]
-            view = _View(msgs, digests, tokens, chain, prefix)
+                view = _View(msgs, digests, tokens, chain_digests(digests),
+                             [0, *itertools.accumulate(tokens)])
+            else:
+                view = self._extend_view(last, msgs)
             self._last_view = view
         return view
 
+    def _extend_view(self, last: _View, msgs: list[Any]) -> _View:
+        """The view of ``msgs``, reusing ``last``'s figures for the messages they share.
+
+        Shared are the leading messages that are the same objects (an in-process agent's
+        growing list), then, position by position, messages whose JSON is byte-identical
+        to the previous call's (a request parsed afresh, as a proxy sees it): byte-identical
+        JSON has the same digest, so these reuse the digest and the count the meter would
+        return (``MessageMeter`` caches counts by digest). Only with the canonical JSON
+        digest (a dialect with its own ``digest`` is always measured). Everything else is
+        measured.
+        """
+        old = last.messages
+        overlap = min(len(msgs), len(old))
+        if all(map(operator.is_, msgs, old)):  # C-speed scan; stops at the first difference
+            k = overlap
+        else:
+            k = next(i for i, (a, b) in enumerate(zip(msgs, old)) if a is not b)
+        digests = last.digests[:k]
+        tokens = last.tokens[:k]
+        raw: list[Any] | None = None
+        if k < overlap and self._by_json:  # other objects: compare JSON, position by position
+            raw = _raw_digests(msgs, k)
+            old_raw = last.raw
+            if old_raw is None:
+                old_raw = last.raw = [_UNIQUE] * k + _raw_digests(old, k, overlap)
+            same = list(map(operator.eq, raw[: overlap - k], old_raw[k:overlap]))
+            raw[:0] = old_raw[:k]
+            if all(same):
+                digests += last.digests[k:overlap]
+                tokens += last.tokens[k:overlap]
+            else:
+                todo = [i for i, s in enumerate(same, k) if not s]
+                m = self.meter.measure([msgs[i] for i in todo])
+                measured = iter(zip(m.digests, m.tokens))
+                for i, s in enumerate(same, k):
+                    d, t = (last.digests[i], last.tokens[i]) if s else next(measured)
+                    digests.append(d)
+                    tokens.append(t)
+        if len(msgs) > len(digests):
+            measured = self.meter.measure(msgs[len(digests):])
+            digests += measured.digests
+            tokens += measured.tokens
+        # the chain and the prefix sums are recomputed from the first changed message
+        chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)])
+        t = _common(tokens, last.tokens, k)
+        prefix = last.prefix[: t + 1]
+        prefix += itertools.accumulate(tokens[t:], initial=prefix[-1])
+        del prefix[t + 1]
+        view = _View(msgs, digests, tokens, chain, prefix)
+        view.raw = raw
+        return view
+
     def _lookup(self, view: _View, n: int) -> PrefixEntry | None:
+        """The stored entry replacing the longest prefix of ``view.messages[:n]``.
+
+        Every prefix length is checked, longest first. With a versioned store, the prefix
+        lengths the previous lookup found empty are skipped while the store's version and
+        the history up to them are unchanged (same answer: nothing was put since).
+        """
         get = self.store.get
-        for i in range(n, 0, -1):
-            entry = get(view.chain[i - 1])
+        chain = view.chain
+        version = getattr(self.store, "version", None)
+        low = 0
+        memo = self._scan
+        if (version is not None and memo is not None and memo[0] == version
+                and 0 < memo[1] <= n and chain[memo[1] - 1] == memo[2]):
+            low = memo[1]
+        found: PrefixEntry | None = None
+        at = 0
+        for i in range(n, low, -1):
+            entry = get(chain[i - 1])
             if entry is not None and entry.cut == i and entry.head_len <= i:
-                return entry
-        return None
+                found, at = entry, i
+                break
+        else:
+            if low:
+                hit = memo[3]  # type: ignore[index]
+                if hit:
+                    entry = get(chain[hit - 1])
+                    if entry is not None and entry.cut == hit and entry.head_len <= hit:
+                        found, at = entry, hit
+                    else:  # removed without a version change: check every prefix
+                        self._scan = None
+                        return self._lookup(view, n)
+        if version is not None and n:
+            self._scan = (version, n, chain[n - 1], at)
+        return found
 
     def _should_compact(self, view: _View, state: _State, n: int) -> bool:
         tokens = state.tokens_at(view, n)
@@ -605,6 +677,33 @@ class Engine:
             if decided is not None:
                 return bool(decided)
         return tokens > self.budget.trigger
+
+
+def _common(a: list[Any], b: list[Any], k: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, known to be at least ``k``."""
+    m = min(len(a), len(b))
+    if a[k:m] == b[k:m]:  # list compares run in C (identity first)
+        return m
+    return next(i for i in range(k, m) if a[i] != b[i])
+
+
+_UNIQUE: Any = object()  # a "digest" equal to nothing else: not known / not JSON-able
+
+
+def _raw_digests(messages: list[Any], start: int, end: int | None = None) -> list[Any]:
+    """Digests of the JSON of ``messages[start:end]`` as it is (key order kept);
+    ``_UNIQUE`` for a message that is not JSON-able."""
+    items = messages[start:end]
+    try:
+        return list(map(xxhash.xxh3_128_intdigest, map(orjson.dumps, items)))
+    except TypeError:
+        out: list[Any] = []
+        for message in items:
+            try:
+                out.append(xxhash.xxh3_128_intdigest(orjson.dumps(message)))
+            except TypeError:
+                out.append(object())
+        return out
 
 
 def _make_budget(budget: Budget | None, trigger: int | None, target: int | None) -> Budget:

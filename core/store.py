@@ -10,7 +10,10 @@ prompt caches keep hitting. Kept messages that escalation truncated are stored a
 The store is a cache: compaction is deterministic, so an evicted entry is recomputed
 identically. ``InMemoryPrefixStore`` is an LRU bounded by entries and bytes; anything with
 ``get(key)`` / ``put(key, entry)`` works (e.g. a Redis-backed store for several proxy
-workers: entries round-trip through ``to_dict`` / ``from_dict``).
+workers: entries round-trip through ``to_dict`` / ``from_dict``). A store may also expose
+an integer ``version`` that changes whenever an entry is added, replaced or removed: an
+engine then re-checks only the prefixes it has not checked since (``InMemoryPrefixStore``
+has one; without it every lookup checks every prefix length of the history).
 """
 
 from __future__ import annotations
@@ -79,7 +82,11 @@ def _size(message: Any) -> int:
 
 @runtime_checkable
 class PrefixStore(Protocol):
-    """Where compacted prefixes are kept. Must be safe to call from several threads."""
+    """Where compacted prefixes are kept. Must be safe to call from several threads.
+
+    Optional: an ``int`` attribute ``version`` that changes on every ``put`` and every
+    removal (eviction, expiry) lets engines skip prefixes they already found absent.
+    """
 
     def get(self, key: str) -> PrefixEntry | None: ...
 
@@ -87,7 +94,10 @@ class PrefixStore(Protocol):
 
 
 class InMemoryPrefixStore:
-    """Thread-safe LRU store bounded by entry count and serialized bytes."""
+    """Thread-safe LRU store bounded by entry count and serialized bytes.
+
+    ``version`` counts the ``put`` calls (evictions happen only in ``put``).
+    """
 
     def __init__(self, max_entries: int = 4096, max_bytes: int = 256 * 1024 * 1024) -> None:
         self._max_entries = max_entries
@@ -95,6 +105,7 @@ class InMemoryPrefixStore:
         self._data: OrderedDict[str, tuple[PrefixEntry, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self.version = 0
 
     def get(self, key: str) -> PrefixEntry | None:
         if key not in self._data:  # lock-free miss: the common case of a prefix scan
@@ -109,6 +120,7 @@ class InMemoryPrefixStore:
     def put(self, key: str, entry: PrefixEntry) -> None:
         size = entry.nbytes()
         with self._lock:
+            self.version += 1
             old = self._data.pop(key, None)
             if old is not None:
                 self._bytes -= old[1]

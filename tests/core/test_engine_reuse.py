@@ -1,0 +1,121 @@
+"""What the engine reuses from one call to the next gives exactly what a fresh engine
+computes from scratch: figures of messages shared with the previous call (the same
+objects, or byte-identical JSON parsed afresh), the prefix-store lookup that skips prefixes
+it already found empty, and the dialects' fast ``counted_text``."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from agentcompact import Budget, Engine, InMemoryPrefixStore, PrefixEntry, new_plugin_manager
+
+from .histories import build, call_points
+
+DIALECTS = ["openai_chat", "anthropic", "openai_responses"]
+PLAN = [(60, [1500, 200], 0), (40, [3000], 80), (0, [800, 800, 800], 0)] * 8
+
+
+def engine(dialect: str, trigger: int = 3000, **kw: Any) -> Engine:
+    kw.setdefault("plugins", new_plugin_manager())
+    return Engine(strategy="cliff", dialect=dialect, budget=Budget(trigger_tokens=trigger), **kw)
+
+
+def outcome(result: Any) -> tuple[Any, ...]:
+    events = [(e.reason, e.cut, e.head_len, e.tokens_before, e.tokens_after)
+              for e in result.events]
+    return ([json.dumps(m, sort_keys=True) for m in result.messages], result.compacted,
+            result.modified, result.tokens_original, result.tokens_before, result.tokens_after,
+            result.head_len, result.cut, events)
+
+
+def edited_histories(name: str) -> list[list[Any]]:
+    """Each call's history as a proxy sees it (parsed afresh), with edits a client may make
+    between calls: a changed message, a number turned into a bool or a float, a message
+    removed, a volatile ``cache_control`` marker moving, a different history."""
+    msgs = build(name, PLAN)
+    msgs[1] = {**msgs[1], "meta": {"n": 1}}
+    blob = orjson.dumps(msgs)
+    points = call_points(msgs, Engine(dialect=name, plugins=new_plugin_manager()).dialect)
+    out: list[list[Any]] = []
+    for k, c in enumerate(points):
+        ctx = orjson.loads(blob)[:c]
+        if k % 7 == 3:
+            ctx[1]["meta"]["n"] = True  # == 1 in Python, another message in JSON
+        if k % 7 == 4:
+            ctx[1]["meta"]["n"] = 1.0
+        if k % 5 == 2 and c > 6:
+            victim = ctx[c // 2]
+            for key in ("content", "output", "arguments"):
+                if isinstance(victim.get(key), str):
+                    victim[key] = victim[key] + " (edited)"
+        if k % 9 == 5 and name == "anthropic" and isinstance(ctx[-1]["content"], list):
+            ctx[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+        out.append(ctx)
+        if k == len(points) // 2:
+            out.append(orjson.loads(blob)[:c][:3])  # the history shrank
+            out.append(orjson.loads(orjson.dumps(build(name, PLAN[::-1])))[: c // 2])
+    return out
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_fresh_copies_with_edits_match_an_engine_starting_from_scratch(name: str) -> None:
+    ours = engine(name)
+    scratch_store = InMemoryPrefixStore()
+    for ctx in edited_histories(name):
+        fresh = engine(name, store=scratch_store)  # a new engine: nothing from earlier calls
+        assert outcome(ours.compact(ctx)) == outcome(fresh.compact(copy.deepcopy(ctx)))
+        assert ours.count(ctx) == fresh.count(ctx)
+        assert ours.context_tokens(ctx) == fresh.context_tokens(ctx)
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_same_objects_and_fresh_copies_give_the_same_results(name: str) -> None:
+    msgs = build(name, PLAN)
+    by_object, by_copy = engine(name), engine(name)
+    blob = orjson.dumps(msgs)
+    for c in call_points(msgs, by_object.dialect):
+        a = by_object.compact(msgs[:c])
+        b = by_copy.compact(orjson.loads(blob)[:c])
+        assert outcome(a) == outcome(b)
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_an_entry_put_by_another_engine_is_found_at_prefixes_already_checked(
+        name: str) -> None:
+    store = InMemoryPrefixStore()
+    watcher = engine(name, trigger=10**7, store=store)  # never compacts, only looks up
+    worker = engine(name, store=store)
+    msgs = build(name, PLAN)
+    assert not watcher.compact(msgs).modified  # every prefix checked: the store is empty
+    done = worker.compact(msgs)
+    assert done.compacted and 0 < done.cut < len(msgs)
+    seen = watcher.compact(msgs)  # the same history: the new entry must be found
+    assert seen.modified and not seen.compacted
+    assert outcome(seen)[0] == outcome(done)[0] and seen.tokens_after == done.tokens_after
+
+
+class DictStore:
+    """A plain prefix store without a ``version``: every lookup checks every prefix."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, PrefixEntry] = {}
+
+    def get(self, key: str) -> PrefixEntry | None:
+        return self.data.get(key)
+
+    def put(self, key: str, entry: PrefixEntry) -> None:
+        self.data[key] = entry
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_stores_without_a_version_give_the_same_results(name: str) -> None:
+    msgs = build(name, PLAN)
+    versioned, plain = engine(name), engine(name, store=DictStore())
+    for c in call_points(msgs, versioned.dialect):
+        assert outcome(versioned.compact(msgs[:c])) == outcome(plain.compact(msgs[:c]))
+    assert isinstance(versioned.store, InMemoryPrefixStore) and versioned.store.version > 0
