@@ -190,12 +190,13 @@ class MessageMeter:
     def _count_missing(
         self, messages: Sequence[Any], missing: list[int], digests: list[str], tokens: list[int]
     ) -> None:
+        counted = getattr(self.dialect, "counted_text", None) or self._counted_text
         texts: list[str] = []
         images: list[int] = []
         for i in missing:
-            parts = self.dialect.parts(messages[i])
-            texts.append("\n".join(p.text for p in parts if p.text))
-            images.append(sum(1 for p in parts if p.kind == "image"))
+            text, n_images = counted(messages[i])
+            texts.append(text)
+            images.append(n_images)
         counts = self.counter.count_texts(texts)
         for i, count, n_images in zip(missing, counts, images):
             total = count + MESSAGE_OVERHEAD + n_images * IMAGE_TOKENS
@@ -204,6 +205,12 @@ class MessageMeter:
             self._remember(messages[i], digests[i], total)
         while len(self._by_digest) > self._max:
             self._by_digest.popitem(last=False)
+
+    def _counted_text(self, message: Any) -> tuple[str, int]:
+        """``Dialect.counted_text`` for a dialect object that does not derive from it."""
+        parts = self.dialect.parts(message)
+        return ("\n".join(p.text for p in parts if p.text),
+                sum(1 for p in parts if p.kind == "image"))
 
     def _remember(self, message: Any, digest: str, count: int) -> None:
         self._by_id[id(message)] = (message, digest, count)

@@ -125,6 +125,39 @@ class AnthropicDialect(Dialect):
             return []
         return [_block_part(b) for b in content]
 
+    def counted_text(self, message: Any) -> tuple[str, int]:
+        # the texts ``parts`` would give, without building them (the meter's hot path)
+        content = message.get("content", "")
+        if isinstance(content, str):
+            return content, 0
+        if not isinstance(content, list):
+            return "", 0
+        texts: list[str] = []
+        images = 0
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text":
+                text = str(block.get("text", ""))
+            elif kind == "tool_result":
+                text = _result_text(block.get("content", ""))[0]
+            elif kind in ("tool_use", "server_tool_use"):
+                text = _json(block.get("input", {}))
+            elif kind == "thinking":
+                text = str(block.get("thinking", ""))
+            elif kind in ("image", "document"):
+                images += 1
+                continue
+            else:
+                continue
+            if text:
+                texts.append(text)
+        return "\n".join(texts), images
+
+    def text_of(self, message: Any) -> str:
+        return self.counted_text(message)[0]
+
     def text_message(self, text: str, role: str = "user") -> Any:
         return {"role": role, "content": [{"type": "text", "text": text}]}
 

@@ -121,6 +121,13 @@ class Dialect:
         """All verbatim text of the message joined by newlines (for counting, search)."""
         return "\n".join(p.text for p in self.parts(message) if p.text)
 
+    def counted_text(self, message: Any) -> tuple[str, int]:
+        """What a message's size is counted from: ``text_of`` and the number of image
+        parts. Dialects may answer without building parts (same result, faster)."""
+        parts = self.parts(message)
+        return ("\n".join(p.text for p in parts if p.text),
+                sum(1 for p in parts if p.kind == "image"))
+
     def is_synthetic(self, message: Any) -> bool:
         """True when the message is a compaction or summary message agentcompact wrote."""
         if self.role(message) != "user":

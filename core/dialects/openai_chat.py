@@ -87,6 +87,39 @@ class OpenAIChatDialect(Dialect):
                               str(call.get("id", ""))))
         return parts
 
+    def counted_text(self, message: Any) -> tuple[str, int]:
+        # the texts ``parts`` would give, without building them (the meter's hot path)
+        texts: list[str] = []
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            texts.append(reasoning)
+        content = message.get("content")
+        images = 0
+        if message.get("role") == "tool":
+            text = content if isinstance(content, str) else "\n".join(
+                [p.text for p in _content_parts(content)])
+            if text:
+                texts.append(text)
+            return "\n".join(texts), 0
+        if isinstance(content, str):
+            if content:
+                texts.append(content)
+        elif isinstance(content, list):
+            for part in _content_parts(content):
+                if part.text:
+                    texts.append(part.text)
+                elif part.kind == "image":
+                    images += 1
+        for call in message.get("tool_calls") or ():
+            fn = call.get("function") or {}
+            text = str(fn.get("arguments", ""))
+            if text:
+                texts.append(text)
+        return "\n".join(texts), images
+
+    def text_of(self, message: Any) -> str:
+        return self.counted_text(message)[0]
+
     def text_message(self, text: str, role: str = "user") -> Any:
         return {"role": role, "content": text}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..events import DroppedItem
@@ -50,10 +51,17 @@ class CompactionRequest:
 
     def pinned(self, index: int) -> bool:
         """True when a plugin pins ``messages[index]`` (``agentcompact_pin``)."""
+        if not self.pins_possible:
+            return False
         results = self.pm.hook.agentcompact_pin(
             message=self.messages[index], index=index, dialect=self.dialect
         )
         return any(r is True for r in results)
+
+    @cached_property
+    def pins_possible(self) -> bool:
+        """False when no plugin implements ``agentcompact_pin`` (nothing can be pinned)."""
+        return bool(self.pm.hook.agentcompact_pin.get_hookimpls())
 
     def span(self) -> range:
         return range(self.span_start, self.cut)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from ..dialects.base import Part, head_tail_spans
@@ -104,7 +105,7 @@ def _token_rates(request: CompactionRequest, items: Sequence[_Item]) -> list[flo
 
 
 def _estimate(block: Sequence[Seg], rate: float) -> int:
-    chars = sum(len(t) for _, t in block)
+    chars = sum(map(len, map(itemgetter(1), block)))
     return int(chars * max(rate, 0.2)) + 2 if chars else 0
 
 
@@ -122,6 +123,8 @@ def _collect(request: CompactionRequest, carry: bool) -> list[_Item]:
     """The messages to render: the span, and from earlier cycles the pinned messages and
     (with ``carry``) the human ones."""
     dialect = request.dialect
+    pins = request.pins_possible
+    hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
     items: list[_Item] = []
     indices = list(request.earlier())
     for i in [*indices, *request.span()]:
@@ -130,12 +133,13 @@ def _collect(request: CompactionRequest, carry: bool) -> list[_Item]:
             continue  # never compact a compaction
         role = dialect.role(message)
         carried = i < request.span_start
-        pinned = request.pinned(i)
-        parts = tuple(dialect.parts(message))
-        if carried and not pinned and (not carry or role not in _HUMAN_ROLES or not any(
-                p.kind == "text" and p.text for p in parts)):
+        pinned = pins and request.pinned(i)
+        if carried and not pinned and (not carry or role not in _HUMAN_ROLES):
             continue  # earlier cycles: only human messages and pinned ones are carried
-        override = _hook_render(request, message)
+        parts = tuple(dialect.parts(message))
+        if carried and not pinned and not any(p.kind == "text" and p.text for p in parts):
+            continue  # ... with some text
+        override = _hook_render(request, message) if hooks else None
         items.append(_Item(i, role, parts, pinned, carried, override))
     return items
 

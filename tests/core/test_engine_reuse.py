@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from agentcompact import Budget, Engine, InMemoryPrefixStore, PrefixEntry, new_plugin_manager
+from agentcompact.dialects.base import Dialect
 
 from .histories import build, call_points
 
@@ -119,3 +120,55 @@ def test_stores_without_a_version_give_the_same_results(name: str) -> None:
     for c in call_points(msgs, versioned.dialect):
         assert outcome(versioned.compact(msgs[:c])) == outcome(plain.compact(msgs[:c]))
     assert isinstance(versioned.store, InMemoryPrefixStore) and versioned.store.version > 0
+
+
+EDGE = {
+    "anthropic": [
+        {"role": "user", "content": ""},
+        {"role": "user", "content": None},
+        {"role": "user", "content": [
+            {"type": "image", "source": {}}, {"type": "document", "source": {}},
+            {"type": "text", "text": ""}, {"type": "text", "text": "a"}, "not a block",
+            {"type": "tool_result", "tool_use_id": "t", "content": [
+                {"type": "text", "text": "r"}, {"type": "image", "source": {}}]},
+            {"type": "tool_result", "tool_use_id": "u", "content": ""},
+        ]},
+        {"role": "assistant", "content": [
+            {"type": "redacted_thinking", "data": "x"}, {"type": "thinking", "thinking": "t"},
+            {"type": "server_tool_use", "id": "s", "name": "web", "input": {"q": 1}},
+            {"type": "tool_use", "id": "v", "name": "bash"}, {"type": "web_search_result"},
+        ]},
+    ],
+    "openai_chat": [
+        {"role": "tool", "tool_call_id": "a", "content": [
+            {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {}},
+            {"type": "text", "text": ""}]},
+        {"role": "tool", "tool_call_id": "b", "content": None, "reasoning_content": "why"},
+        {"role": "function", "content": "f"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "t"}, {"type": "refusal", "refusal": "no"},
+            {"type": "input_audio"}, {"type": "file"}, {"type": "text", "text": ""}, "odd"],
+         "reasoning": "r", "tool_calls": [{"id": "c"}, {"id": "d", "function": {
+             "name": "f", "arguments": ""}}, {"id": "e", "function": {"arguments": "{}"}}]},
+        {"role": "user", "content": 5},
+        {"role": "user", "content": ""},
+    ],
+    "openai_responses": [
+        {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "a"}, {"type": "input_image"}]},
+        {"type": "reasoning", "summary": [{"text": "s"}]},
+        {"type": "function_call_output", "call_id": "c", "output": [{"text": "o"}]},
+    ],
+}
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_counted_text_is_the_text_and_images_of_the_parts(name: str) -> None:
+    dialect = engine(name).dialect
+    for message in [*build(name, PLAN), *EDGE[name]]:
+        parts = dialect.parts(message)
+        expected = ("\n".join(p.text for p in parts if p.text),
+                    sum(1 for p in parts if p.kind == "image"))
+        assert dialect.counted_text(message) == expected
+        assert Dialect.counted_text(dialect, message) == expected
+        assert dialect.text_of(message) == expected[0]
