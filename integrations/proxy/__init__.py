@@ -9,7 +9,8 @@ arrive. Fail-open, reactive retry on context-length errors, shadow and strict mo
 >>> from agentcompact.integrations.proxy import ProxyConfig, create_app   # doctest: +SKIP
 >>> app = create_app(ProxyConfig(trigger=120_000))                        # doctest: +SKIP
 
-Needs the ``proxy`` extra (starlette, uvicorn, httpx).
+Needs the ``proxy`` extra (starlette, uvicorn, aiohttp; httptools and uvloop, which
+``agentcompact proxy`` serves with when installed).
 """
 
 from __future__ import annotations

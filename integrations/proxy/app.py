@@ -20,13 +20,13 @@ import contextlib
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import httpx
 import orjson
 import pluggy
 from starlette.applications import Starlette
@@ -48,7 +48,8 @@ from .bodies import BodyCache, Parsed, encode
 from .config import ProxyConfig
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
-from .relay import BufferedResponse, RelayResponse
+from .relay import BufferedResponse, RelayResponse, _cancel_on_disconnect
+from .upstream import UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
 from .wire import (
     ANTHROPIC,
     CHAT,
@@ -66,7 +67,9 @@ __all__ = ["CompactionProxy", "create_app"]
 
 log = logging.getLogger("agentcompact.proxy")
 
-#: bodies larger than this are parsed and compacted in a worker thread
+#: a request needing to parse more than this many bytes, or with a body this large and a
+#: compaction likely, is parsed and compacted in a worker thread (the event loop keeps
+#: relaying other streams); a session's next turn is parsed and measured in place
 _OFFLOOP_BYTES = 128 * 1024
 #: per-session message cache of the token meter (bounds memory held per engine)
 _METER_ENTRIES = 8192
@@ -105,6 +108,8 @@ class EnginePool:
         self.dialects: dict[str, Dialect] = {d: reg.dialect(d) for d in (ANTHROPIC, CHAT,
                                                                           RESPONSES)}
         self._engines: OrderedDict[tuple[str, str], Engine] = OrderedDict()
+        #: tokens each engine sent last time (to tell a quiet request from a likely cliff)
+        self.sent_tokens: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self.is_async = hasattr(self._new(ANTHROPIC, "startup").strategy, "acompact")
 
@@ -119,6 +124,13 @@ class EnginePool:
                 self._engines.popitem(last=False)
             return engine
 
+    def quiet(self, engine: Engine, new_bytes: int) -> bool:
+        """True when ``engine`` cannot be expected to compact on a request adding
+        ``new_bytes`` bytes to its last one (a token is at least two bytes of JSON here,
+        on the safe side): measuring the new messages is then all it does."""
+        last = self.sent_tokens.get(engine)
+        return last is not None and last + new_bytes // 2 <= self.budget.trigger
+
     def _new(self, dialect: str, session: str) -> Engine:
         engine = Engine(strategy=self.config.strategy, dialect=self.dialects[dialect],
                         budget=self.budget, counter=self.counter, store=self.store,
@@ -132,8 +144,7 @@ class CompactionProxy:
     """The proxy's state and request handling; ``create_app`` wraps it in Starlette."""
 
     def __init__(self, config: ProxyConfig, *, plugins: pluggy.PluginManager | None = None,
-                 store: PrefixStore | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 store: PrefixStore | None = None) -> None:
         self.config = config
         self.pm = plugins if plugins is not None else get_plugin_manager()
         self.store = store if store is not None else InMemoryPrefixStore()
@@ -144,26 +155,12 @@ class CompactionProxy:
         self.stats = ProxyStats(config.max_sessions)
         self.dumper = DebugDumper(config.debug_dir) if config.debug_dir else None
         self.recorder = _register_recorder(self.pm, config.record) if config.record else None
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self.client = UpstreamClient(config.connect_timeout, config.read_timeout)
 
     # --- lifecycle ----------------------------------------------------------------
-    def client(self) -> httpx.AsyncClient:
-        """The upstream HTTP client, created in the serving event loop on first use."""
-        if self._client is None:
-            c = self.config
-            self._client = httpx.AsyncClient(
-                transport=self._transport, follow_redirects=False,
-                timeout=httpx.Timeout(c.read_timeout, connect=c.connect_timeout, pool=None),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=128),
-            )
-        return self._client
-
     async def aclose(self) -> None:
         """Close the upstream client and the recorder (the app's lifespan calls this)."""
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self.client.aclose()
         if self.recorder is not None and self.pm.is_registered(self.recorder):
             self.pm.unregister(self.recorder)
             close = getattr(self.recorder, "close", None)
@@ -212,10 +209,9 @@ class CompactionProxy:
                 if plan.engine is not None and plan.messages is not None:
                     plan.result = await plan.engine.acompact(plan.messages)
                     self._apply(plan)
-            elif len(raw) > _OFFLOOP_BYTES:
-                await anyio.to_thread.run_sync(self._prepare_sync, plan, headers)
-            else:
-                self._prepare_sync(plan, headers)
+            elif not self._prepare_sync(plan, headers, _OFFLOOP_BYTES):
+                # more to parse, or a compaction likely: off the event loop
+                await anyio.to_thread.run_sync(self._prepare_sync, plan, headers, None)
         except Exception as exc:  # fail-open: the original bytes go upstream
             log.exception("compaction failed; forwarding the original request")
             plan.out, plan.result, plan.sent_messages = raw, None, plan.messages
@@ -224,15 +220,30 @@ class CompactionProxy:
             self._dump(plan, headers)
         return plan
 
-    def _prepare_sync(self, plan: _Plan, headers: Any) -> None:
-        self._parse(plan, headers)
-        if plan.engine is not None and plan.messages is not None:
-            plan.result = plan.engine.compact(plan.messages)
+    def _prepare_sync(self, plan: _Plan, headers: Any, limit: int | None) -> bool:
+        """Parse and compact. With ``limit`` (on the event loop), stop before a step that
+        would parse more than ``limit`` bytes or may compact, and return ``False``; the
+        caller finishes in a worker thread (a call without ``limit``)."""
+        new_bytes = len(plan.raw)
+        if plan.parsed is None:
+            key = self.engines.dialects[plan.dialect].messages_key
+            prev, new_bytes = self.bodies.lookup(plan.raw, key)
+            if limit is not None and new_bytes > limit:
+                return False
+            self._parse(plan, headers, prev)
+        engine = plan.engine
+        if engine is not None and plan.messages is not None and plan.result is None:
+            if (limit is not None and len(plan.raw) > limit
+                    and not self.engines.quiet(engine, new_bytes)):
+                return False
+            plan.result = engine.compact(plan.messages)
+            self.engines.sent_tokens[engine] = plan.result.tokens_after
             self._apply(plan)
+        return True
 
-    def _parse(self, plan: _Plan, headers: Any) -> None:
+    def _parse(self, plan: _Plan, headers: Any, prev: Parsed | None | bool = True) -> None:
         dialect = self.engines.dialects[plan.dialect]
-        parsed = self.bodies.parse(plan.raw, dialect.messages_key)
+        parsed = self.bodies.parse(plan.raw, dialect.messages_key, prev)
         body = parsed.body
         if not isinstance(body, dict):
             raise TypeError(f"request body is a JSON {type(body).__name__}, not an object")
@@ -304,20 +315,32 @@ class CompactionProxy:
         return f"{base}{path}?{query}" if query else f"{base}{path}"
 
     async def _send(self, request: Request, content: bytes, dialect: str | None
-                    ) -> httpx.Response | BufferedResponse:
-        client = self.client()
-        upstream = client.build_request(
-            request.method, self._upstream_url(request),
-            headers=request_headers(request.headers.raw), content=content,
-        )
-        try:
-            return await client.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
-            log.warning("upstream unreachable: %s %s: %r", request.method, request.url.path, exc)
+                    ) -> UpstreamResponse | BufferedResponse:
+        """Send upstream and wait for the response headers, watching the client meanwhile:
+        a client that leaves first cancels the upstream request (status 499)."""
+        send = self.client.send(request.method, self._upstream_url(request),
+                                request_headers(request.headers.raw), content)
+        result: UpstreamResponse | None = None
+        error: UpstreamError | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_cancel_on_disconnect, request.receive, tg.cancel_scope)
+            try:
+                result = await send
+            except UpstreamError as exc:
+                error = exc
+            tg.cancel_scope.cancel()
+        if error is not None:
+            exc = error
+            log.warning("upstream unreachable: %s %s: %s", request.method, request.url.path, exc)
             body = error_body(dialect, 502, f"agentcompact proxy: upstream unreachable: {exc}",
                               code="upstream_unreachable")
             return BufferedResponse(502, [(b"content-type", b"application/json")],
                                     orjson.dumps(body))
+        if result is None:  # cancelled: the client disconnected before the answer began
+            log.info("client left before the upstream answered: %s %s (request cancelled)",
+                     request.method, request.url.path)
+            return BufferedResponse(499, [], b"")
+        return result
 
     async def _passthrough(self, request: Request, raw: bytes) -> Any:
         resp = await self._send(request, raw, ANTHROPIC if is_anthropic_path(request.url.path)
@@ -331,12 +354,14 @@ class CompactionProxy:
         return (self.config.reactive and not self.config.shadow and plan.engine is not None
                 and plan.messages is not None and plan.ex.error is None)
 
-    async def _reactive(self, request: Request, plan: _Plan, resp: httpx.Response,
+    async def _reactive(self, request: Request, plan: _Plan, resp: UpstreamResponse,
                         t0: float) -> Any:
         """Context-length error: compact one level harder and replay once."""
-        data = await resp.aread()
-        await resp.aclose()
-        first = BufferedResponse(resp.status_code, resp.headers.raw, data)
+        try:
+            data = await resp.read()
+        except UpstreamDropped:
+            return self._done(plan, BufferedResponse(502, [], b""), t0)
+        first = BufferedResponse(resp.status_code, resp.raw_headers, data)
         if not is_context_error(resp.status_code, data):
             return self._done(plan, first, t0)
         assert plan.engine is not None and plan.messages is not None and plan.body is not None
@@ -362,7 +387,7 @@ class CompactionProxy:
         return self._done(plan, resp2, t0)
 
     # --- answering ---------------------------------------------------------------------
-    def _done(self, plan: _Plan, resp: httpx.Response | BufferedResponse, t0: float) -> Any:
+    def _done(self, plan: _Plan, resp: UpstreamResponse | BufferedResponse, t0: float) -> Any:
         ex = plan.ex
         ex.status = resp.status_code
         if not ex.added_ms:
@@ -380,7 +405,7 @@ class CompactionProxy:
         return RelayResponse(resp, tee=plan.chunks.append if recording else None,
                              on_close=lambda ok: self._closed(plan, resp, ok, recording))
 
-    def _closed(self, plan: _Plan, resp: httpx.Response, complete: bool, recording: bool
+    def _closed(self, plan: _Plan, resp: UpstreamResponse, complete: bool, recording: bool
                 ) -> None:
         self.stats.stream_opened(-1)
         if not (recording and complete and plan.body is not None):
@@ -407,18 +432,16 @@ def _register_recorder(pm: pluggy.PluginManager, run_dir: str) -> Any:
 
 
 def create_app(config: ProxyConfig | None = None, *, plugins: pluggy.PluginManager | None = None,
-               store: PrefixStore | None = None,
-               transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+               store: PrefixStore | None = None) -> Starlette:
     """The proxy as a Starlette app (its state is ``app.state.proxy``).
 
     :param config: settings (default: ``ProxyConfig.from_env()``).
     :param plugins: plugin manager (default: the process-wide one).
     :param store: the prefix store shared by the engines (default: in-memory LRU); pass a
         shared store to run several workers.
-    :param transport: an ``httpx`` transport for the upstream client (tests).
     """
     proxy = CompactionProxy(config if config is not None else ProxyConfig.from_env(),
-                            plugins=plugins, store=store, transport=transport)
+                            plugins=plugins, store=store)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

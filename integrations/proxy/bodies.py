@@ -248,11 +248,18 @@ class BodyCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def parse(self, raw: bytes, key: str) -> Parsed:
+    def lookup(self, raw: bytes, key: str) -> tuple[Parsed | None, int]:
+        """The earlier body ``raw`` extends (or ``None``) and how many bytes of ``raw`` a
+        parse would still read (the cost of ``parse``, roughly)."""
+        prev = self._candidate(raw, key)
+        return prev, len(raw) - (prev.prefix_end() if prev is not None else 0)
+
+    def parse(self, raw: bytes, key: str, prev: Parsed | None | bool = True) -> Parsed:
         """``raw`` parsed (as ``orjson.loads`` would), reusing an earlier request's message
         objects for the messages it shares byte for byte. Raises what ``orjson`` raises for
-        a body that does not parse."""
-        prev = self._candidate(raw, key)
+        a body that does not parse. ``prev``: the result of ``lookup``, if already known."""
+        if prev is True or prev is False:
+            prev = self._candidate(raw, key)
         parsed = _extend(prev, raw) if prev is not None else None
         if parsed is None:
             parsed = _full(raw, key)

@@ -1,11 +1,11 @@
 """ASGI responses that relay an upstream answer to the client.
 
-``RelayResponse`` forwards an ``httpx`` streaming response chunk by chunk as it arrives
-(``aiter_raw``: undecoded, unbuffered), so SSE streams reach the client byte-identical and
-without added delay. It watches the client while relaying: when the client disconnects the
-upstream stream is closed at once (no leaked connection or task), and when the upstream
-drops mid-stream the client's connection is aborted too, so it sees a truncated response
-rather than a clean end.
+``RelayResponse`` forwards an upstream response chunk by chunk as it arrives (undecoded,
+unbuffered), so SSE streams reach the client byte-identical and without added delay. It
+watches the client while relaying: when the client disconnects the upstream stream is
+closed at once (no leaked connection or task), and when the upstream drops mid-stream the
+client's connection is aborted too, so it sees a truncated response rather than a clean
+end.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import httpx
 
+from .upstream import UpstreamDropped, UpstreamResponse
 from .wire import response_headers
 
 __all__ = ["BufferedResponse", "RelayResponse", "UpstreamDropped"]
@@ -26,10 +26,6 @@ log = logging.getLogger("agentcompact.proxy")
 Scope = dict[str, Any]
 Receive = Callable[[], Any]
 Send = Callable[[dict[str, Any]], Any]
-
-
-class UpstreamDropped(Exception):
-    """The upstream connection failed mid-response; raised to abort the client's too."""
 
 
 class BufferedResponse:
@@ -48,14 +44,14 @@ class BufferedResponse:
 
 
 class RelayResponse:
-    """Relay ``upstream`` (opened with ``stream=True``) to the client as it arrives.
+    """Relay ``upstream`` to the client as it arrives.
 
     :param tee: called with each chunk (``--record`` keeps a copy); must be cheap.
     :param on_close: called once at the end with ``True`` when the whole body reached the
         client, ``False`` when the client left or the upstream dropped.
     """
 
-    def __init__(self, upstream: httpx.Response, *, tee: Callable[[bytes], None] | None = None,
+    def __init__(self, upstream: UpstreamResponse, *, tee: Callable[[bytes], None] | None = None,
                  on_close: Callable[[bool], None] | None = None) -> None:
         self.upstream = upstream
         self.status_code = upstream.status_code
@@ -70,14 +66,13 @@ class RelayResponse:
                 tg.start_soon(_cancel_on_disconnect, receive, tg.cancel_scope)
                 try:
                     completed = await self._relay(send)
-                except (httpx.TransportError, httpx.StreamError) as exc:
+                except UpstreamDropped as exc:
                     dropped = exc
                 except OSError:
                     pass  # the client went away while we were writing to it
                 tg.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.upstream.aclose()
+            self.upstream.close(completed)
             if self.on_close is not None:
                 try:
                     self.on_close(completed)
@@ -85,13 +80,13 @@ class RelayResponse:
                     log.exception("relay: on_close callback failed")
         if dropped is not None:
             log.warning("relay: upstream stream failed mid-body: %r", dropped)
-            raise UpstreamDropped(str(dropped)) from dropped
+            raise dropped
 
     async def _relay(self, send: Send) -> bool:
         await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": response_headers(self.upstream.headers.raw)})
+                    "headers": response_headers(self.upstream.raw_headers)})
         tee = self.tee
-        async for chunk in self.upstream.aiter_raw():
+        async for chunk in self.upstream.iter_chunks():
             if tee is not None:
                 tee(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

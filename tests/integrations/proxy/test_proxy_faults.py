@@ -3,6 +3,7 @@ retry, shadow and strict modes, probes and passthrough routes."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -154,6 +155,24 @@ def test_client_disconnect_closes_the_upstream_stream(proxy: ThreadedServer,
     assert not sent.completed
     stats = proxy.proxy.stats  # type: ignore[attr-defined]
     assert wait_for(lambda: stats.open_streams == 0)
+
+
+def test_client_leaving_before_the_answer_cancels_the_upstream_request(
+    proxy: ThreadedServer, upstream: Upstream
+) -> None:
+    body = orjson.dumps(anthropic_body(2))
+    head = (f"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"{FAULT_HEADER}: hang=60\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(head + body)
+        # the upstream holds the request without answering (not even headers)
+        assert wait_for(lambda: len(upstream.tap.sent) == 1 and upstream.requests)
+    sent = upstream.tap.sent[-1]
+    # the proxy closed its upstream connection: the simulator's hang ends early
+    assert sent.finished.wait(10), "upstream request still open after the client left"
+    stats = proxy.proxy.stats  # type: ignore[attr-defined]
+    assert wait_for(lambda: stats.snapshot()["handled"] == 1)
+    assert stats.open_streams == 0
 
 
 # ------------------------------------------------------------------------- reactive
