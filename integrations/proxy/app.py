@@ -25,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import orjson
@@ -182,7 +183,7 @@ class CompactionProxy:
     async def handle(self, request: Request) -> Any:
         t0 = time.perf_counter()
         self.stats.count_request()
-        path = request.url.path
+        path = request.scope["path"]
         raw = await request.body()
         dialect = dialect_for(path) if request.method == "POST" else None
         if dialect is None:
@@ -200,7 +201,7 @@ class CompactionProxy:
 
     # --- preparing the request ------------------------------------------------------
     async def _prepare(self, request: Request, dialect: str, raw: bytes) -> _Plan:
-        plan = _Plan(dialect, raw, raw, ExchangeLog(request.url.path, dialect,
+        plan = _Plan(dialect, raw, raw, ExchangeLog(request.scope["path"], dialect,
                                                     shadow=self.config.shadow))
         headers = request.headers
         try:
@@ -308,10 +309,13 @@ class CompactionProxy:
 
     # --- talking to the upstream ----------------------------------------------------
     def _upstream_url(self, request: Request) -> str:
-        path = request.url.path
-        base = (self.config.anthropic_upstream if is_anthropic_path(path)
+        """The upstream URL: the path and query exactly as the client sent them."""
+        scope = request.scope
+        base = (self.config.anthropic_upstream if is_anthropic_path(scope["path"])
                 else self.config.openai_upstream)
-        query = request.url.query
+        raw_path = scope.get("raw_path")
+        path = raw_path.decode("latin-1") if raw_path else quote(scope["path"])
+        query = scope.get("query_string", b"").decode("latin-1")
         return f"{base}{path}?{query}" if query else f"{base}{path}"
 
     async def _send(self, request: Request, content: bytes, dialect: str | None
@@ -330,20 +334,20 @@ class CompactionProxy:
                 error = exc
             tg.cancel_scope.cancel()
         if error is not None:
-            exc = error
-            log.warning("upstream unreachable: %s %s: %s", request.method, request.url.path, exc)
-            body = error_body(dialect, 502, f"agentcompact proxy: upstream unreachable: {exc}",
+            log.warning("upstream unreachable: %s %s: %s", request.method,
+                        request.scope["path"], error)
+            body = error_body(dialect, 502, f"agentcompact proxy: upstream unreachable: {error}",
                               code="upstream_unreachable")
             return BufferedResponse(502, [(b"content-type", b"application/json")],
                                     orjson.dumps(body))
         if result is None:  # cancelled: the client disconnected before the answer began
             log.info("client left before the upstream answered: %s %s (request cancelled)",
-                     request.method, request.url.path)
+                     request.method, request.scope["path"])
             return BufferedResponse(499, [], b"")
         return result
 
     async def _passthrough(self, request: Request, raw: bytes) -> Any:
-        resp = await self._send(request, raw, ANTHROPIC if is_anthropic_path(request.url.path)
+        resp = await self._send(request, raw, ANTHROPIC if is_anthropic_path(request.scope["path"])
                                 else CHAT)
         if isinstance(resp, BufferedResponse):
             return resp

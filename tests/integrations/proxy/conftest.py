@@ -22,6 +22,8 @@ class Sent:
     """What the upstream sent back for one request: status and the exact body bytes."""
 
     path: str
+    raw_path: bytes = b""
+    query: bytes = b""
     request: bytes = b""
     status: int = 0
     chunks: list[bytes] = field(default_factory=list)
@@ -47,7 +49,7 @@ class ResponseTap:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        record = Sent(scope["path"])
+        record = Sent(scope["path"], scope.get("raw_path") or b"", scope.get("query_string", b""))
         self.sent.append(record)
 
         async def listen() -> dict[str, Any]:

@@ -267,6 +267,16 @@ def test_other_routes_pass_through(proxy: ThreadedServer, upstream: Upstream, me
     assert seen["x-api-key"] == "k" and seen["anthropic-version"] == "2023-06-01"
 
 
+def test_path_and_query_go_upstream_as_sent(proxy: ThreadedServer, upstream: Upstream) -> None:
+    with httpx.Client(base_url=proxy.base_url) as client:
+        client.get(httpx.URL(proxy.base_url + "/v1/models/org%2Fmodel%20x?limit=5&q=a%20b%2Bc"))
+        client.post(proxy.base_url + "/v1/messages?beta=true", content=orjson.dumps(
+            anthropic_body(2)), headers={"content-type": "application/json"})
+    first, second = upstream.tap.sent[-2:]
+    assert (first.raw_path, first.query) == (b"/v1/models/org%2Fmodel%20x", b"limit=5&q=a%20b%2Bc")
+    assert (second.raw_path, second.query) == (b"/v1/messages", b"beta=true")
+
+
 async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """A catch-all upstream answering 200 with the request it got: path, headers, body."""
     assert scope["type"] == "http"
