@@ -172,7 +172,10 @@ class EngineContender:
     def prepare(self, messages: list[Any]) -> Sent:
         result = self.engine.compact(messages)
         errors = [e.error for e in result.events if e.error]
-        return Sent(result.messages, result.compacted, result.events,
+        # unmodified, the result is the history itself, message for message: say so (the
+        # replay then accounts for it without looking at each message)
+        sent = result.messages if result.modified else messages
+        return Sent(sent, result.compacted, result.events,
                     "; ".join(errors) if errors else None, "compacted")
 
 

@@ -36,7 +36,9 @@ How items are found (:data:`SALIENT_PATTERNS`):
 
 Items are computed on message *text*, so an item survives a compaction exactly when its
 string is still in the text sent (a truncation that cut through it loses it). Word shapes
-are classified once per distinct word, so the cost is one regex pass per message.
+are classified once per distinct word, so the cost is one pass per message. A message's
+items are in the order they first appear (line items first, then words), so reports list
+them the same way on every run.
 """
 
 from __future__ import annotations
@@ -75,44 +77,71 @@ SALIENT_PATTERNS: dict[str, re.Pattern[str]] = {
     "error": re.compile(r"Error\b|Exception\b|Traceback\b|FAILED\b|error:|fatal:|panic:"),
 }
 _ERROR_HINTS = ("Error", "Exception", "Traceback", "FAILED", "error:", "fatal:", "panic:")
+_BOUNDED = frozenset({"Error", "Exception", "Traceback", "FAILED"})  # followed by \b
 _WS = re.compile(r"\s+")
 _ESCAPES = {"\\n": "\n", "\\t": " ", '\\"': '"', "\\\\": "\\"}
 _ESC = re.compile(r"\\[nt\"\\]")
 
+# Words are cut from the UTF-8 bytes: every byte outside _WORD's (ASCII) class becomes a
+# space and bytes.split() returns the runs, the same words as _WORD.findall, several times
+# faster. Words are ASCII, so the word pattern compiled for bytes classifies them alike.
+_WORD_BYTES = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./~@+-"
+_SPLIT = bytes(c if c in _WORD_BYTES else 0x20 for c in range(256))
+_WORD_SHAPES = re.compile(SALIENT_PATTERNS["word"].pattern.encode(), re.MULTILINE)
+
 Classified = tuple[str, str] | None
-_words: dict[str, Classified] = {}  # word -> (item, kind) or None; shared, bounded
+_words: dict[bytes, Classified] = {}  # word -> (item, kind) or None; shared, bounded
 _WORDS_MAX = 1_000_000
 
 
-def _classify(words: Iterable[str]) -> None:
+def _words_of(text: str) -> list[bytes]:
+    """The distinct words of ``text`` (runs of ``_WORD``'s class), in order of appearance."""
+    return list(dict.fromkeys(text.encode("utf-8", "surrogatepass").translate(_SPLIT).split()))
+
+
+def _classify(words: Collection[bytes]) -> None:
     """Classify the words not seen before (one regex pass over them joined by newlines)."""
     unknown = [w for w in words if w not in _words]
     if not unknown:
         return
     if len(_words) + len(unknown) > _WORDS_MAX:
         _words.clear()
+        unknown = list(words)
     _words.update(dict.fromkeys(unknown))
-    for m in SALIENT_PATTERNS["word"].finditer("\n".join(unknown)):
+    for m in _WORD_SHAPES.finditer(b"\n".join(unknown)):
         kind = m.lastgroup or ""
         item = m.group(kind)
         if kind != "identifier" or len(item) >= 4:
-            _words[m.group(0)] = (item, kind)
+            _words[m.group(0)] = (item.decode("ascii"), kind)
 
 
-def _word_items(words: set[str]) -> dict[str, str]:
-    _classify(words)
-    out: dict[str, str] = {}
-    for w in words:
-        hit = _words[w]
-        if hit is not None:
-            out.setdefault(hit[0], hit[1])
-    return out
+def _add_word_items(items: dict[str, str], words: list[bytes],
+                    salient: dict[bytes, Classified]) -> None:
+    for hit in map(salient.__getitem__, filter(salient.__contains__, words)):
+        items.setdefault(*hit)  # type: ignore[misc]  # salient maps to non-None hits only
 
 
 def _command(raw: str) -> str:
     text = _ESC.sub(lambda m: _ESCAPES[m.group(0)], raw)
     first = text.strip().split("\n", 1)[0]
     return _WS.sub(" ", first).strip()[:200]
+
+
+def _error_starts(text: str) -> list[int]:
+    """Where ``SALIENT_PATTERNS["error"]`` could match, ascending (each hint found with
+    ``str.find``; ``\b`` checked by hand, as ``re`` defines it for ``str`` patterns)."""
+    starts: list[int] = []
+    for hint in _ERROR_HINTS:
+        find = text.find
+        at = find(hint)
+        while at >= 0:
+            end = at + len(hint)
+            if hint not in _BOUNDED or end == len(text) or not (
+                    text[end].isalnum() or text[end] == "_"):
+                starts.append(at)
+            at = find(hint, end)
+    starts.sort()
+    return starts
 
 
 def _line_items(text: str) -> dict[str, str]:
@@ -125,18 +154,17 @@ def _line_items(text: str) -> dict[str, str]:
     if text.startswith("$ ") or "\n$ " in text:
         for m in SALIENT_PATTERNS["shell"].finditer(text):
             out.setdefault(_WS.sub(" ", m.group(1)).strip(), "command")
-    if any(h in text for h in _ERROR_HINTS):
-        line_end = -1
-        for m in SALIENT_PATTERNS["error"].finditer(text):
-            if m.start() < line_end:
-                continue  # this line is already taken
-            start = text.rfind("\n", 0, m.start()) + 1
-            line_end = text.find("\n", m.end())
-            if line_end < 0:
-                line_end = len(text)
-            value = _WS.sub(" ", text[start:line_end].lstrip(" \t>|")).strip()
-            if 12 <= len(value) <= 200:
-                out.setdefault(value, "error")
+    line_end = -1
+    for at in _error_starts(text):
+        if at < line_end:
+            continue  # this line is already taken
+        start = text.rfind("\n", 0, at) + 1
+        line_end = text.find("\n", at)
+        if line_end < 0:
+            line_end = len(text)
+        value = _WS.sub(" ", text[start:line_end].lstrip(" \t>|")).strip()
+        if 12 <= len(value) <= 200:
+            out.setdefault(value, "error")
     return out
 
 
@@ -145,8 +173,12 @@ def extract_items(text: str) -> dict[str, str]:
     if not text:
         return {}
     items = _line_items(text)
-    for item, kind in _word_items(set(_WORD.findall(text))).items():
-        items.setdefault(item, kind)
+    words = _words_of(text)
+    _classify(words)
+    for w in words:
+        hit = _words[w]
+        if hit is not None:
+            items.setdefault(*hit)
     return items
 
 
@@ -192,17 +224,15 @@ class ItemIndex:
     """
 
     def __init__(self, texts: Sequence[str], always: str = "") -> None:
-        word_sets = [set(_WORD.findall(t)) for t in texts]
-        vocabulary = set().union(*word_sets)
+        word_lists = [_words_of(t) for t in texts]
+        vocabulary = set().union(*word_lists)
         _classify(vocabulary)
         salient = {w: hit for w in vocabulary if (hit := _words[w]) is not None}
         self.items: list[dict[str, str]] = []
         self.postings: dict[str, list[int]] = {}
-        for i, (text, words) in enumerate(zip(texts, word_sets)):
+        for i, (text, words) in enumerate(zip(texts, word_lists)):
             items = _line_items(text) if text else {}
-            for word in words & salient.keys():
-                item, kind = salient[word]
-                items.setdefault(item, kind)
+            _add_word_items(items, words, salient)
             self.items.append(items)
             for item in items:
                 self.postings.setdefault(item, []).append(i)

@@ -17,6 +17,7 @@ order — incrementally, as a live agent would call it — and what it sends is 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -210,12 +211,26 @@ class _Session:
         measured = meter.measure(self.messages)
         self.digests = measured.digests
         self.tokens = measured.tokens
+        self.prefix = [0, *itertools.accumulate(self.tokens)]  # prefix[i]: tokens of [:i]
         self.index_of = {id(m): i for i, m in enumerate(self.messages)}
         self.system_tokens = (meter.count_text_message(traj.system) if traj.system else 0)
         self.items = ItemIndex([dialect.text_of(m) for m in self.messages], traj.system or "")
         starts = split_turns(self.messages, dialect).starts
         self.calls = [s for s in starts if s > 0]
         self.outputs = [self._output_items(s) for s in self.calls]
+        self._all_present: tuple[int, RecallCount] | None = None
+
+    def all_present(self, call: int, needed: dict[str, str]) -> RecallCount:
+        """The recall count of call ``call`` when every original message before it is sent:
+        every needed item is present (it appeared in one of them, or in the system prompt).
+        Computed once per call for all the contenders that sent the history unchanged."""
+        memo = self._all_present
+        if memo is None or memo[0] != call:
+            count = RecallCount()
+            for kind in needed.values():
+                count.add(kind, True)
+            memo = self._all_present = (call, count)
+        return memo[1]
 
     def _output_items(self, start: int) -> dict[str, str]:
         """Items of the model output that starts at ``start`` (its run of model messages)."""
@@ -235,7 +250,10 @@ class _Accountant:
         self.s = session
         self.price = price
         self.run = StrategyRun(name)
-        self._keys: list[str] = []
+        # the previous call's message keys: a list, or (``_keys is None``) the system key
+        # and the digests of the first ``_keys_at`` original messages (an unchanged history)
+        self._keys: list[str] | None = []
+        self._keys_at = 0
         self._sent_tokens = 0
         self._at = 0
         self._not_kept: set[int] = set()
@@ -244,20 +262,30 @@ class _Accountant:
     def record(self, call: int, at: int, context: list[Any], sent: Sent, dt: float,
                needed: dict[str, str]) -> None:
         s, run = self.s, self.run
+        keys: list[str] | None
         if sent.messages is context:  # sent unchanged: the first ``at`` original messages
-            keys, toks = self._system_keys()
-            keys.extend(s.digests[:at])
-            toks.extend(s.tokens[:at])
+            # figures from the session's prefix sums, without a pass over the messages
             kept: Collection[int] = range(at)
             written: list[frozenset[str]] = []
+            keys, total = None, s.system_tokens + s.prefix[at]
+            if self._keys is None:  # both calls sent original prefixes: the shorter is shared
+                cached = s.system_tokens + s.prefix[min(at, self._keys_at)]
+            else:
+                unchanged, toks = self._system_keys()
+                unchanged.extend(s.digests[:at])
+                toks.extend(s.tokens[:at])
+                cached = sum(toks[: _common_prefix(unchanged, self._keys)])
+            count = s.all_present(call, needed)
         else:
             keys, toks, kept, written = self._measure(sent.messages)
-        shared = _common_prefix(keys, self._keys)
-        total, cached = sum(toks), sum(toks[:shared])
-        count = RecallCount()
-        for item, kind in needed.items():
-            count.add(kind, s.items.present(item, kept, written))
-        before = self._sent_tokens + sum(s.tokens[self._at : at])
+            previous = self._keys
+            if previous is None:
+                previous = self._system_keys()[0] + s.digests[: self._keys_at]
+            total, cached = sum(toks), sum(toks[: _common_prefix(keys, previous)])
+            count = RecallCount()
+            for item, kind in needed.items():
+                count.add(kind, s.items.present(item, kept, written))
+        before = self._sent_tokens + (s.prefix[at] - s.prefix[self._at] if self._at < at else 0)
         run.tokens.append(total)
         run.cached.append(cached)
         run.cost.append(call_cost(self.price, total, cached))
@@ -270,7 +298,7 @@ class _Accountant:
             run.errors.append(f"call {call}: {sent.error}")
         if sent.compacted:
             self._compactions(call, at, sent, before, total, kept, written)
-        self._keys, self._sent_tokens, self._at = keys, total, at
+        self._keys, self._keys_at, self._sent_tokens, self._at = keys, at, total, at
 
     def _system_keys(self) -> tuple[list[str], list[int]]:
         if self.s.system_tokens:
@@ -287,18 +315,20 @@ class _Accountant:
             keys.extend(map(s.digests.__getitem__, found))  # type: ignore[arg-type]
             toks.extend(map(s.tokens.__getitem__, found))  # type: ignore[arg-type]
             return keys, toks, set(found), written  # type: ignore[arg-type]
-        kept: set[int] = set()
-        for m, i in zip(messages, found):
-            if i is not None:
-                keys.append(s.digests[i])
-                toks.append(s.tokens[i])
-                kept.add(i)
-                continue
-            _, digest, n, items = self._written_message(m)
+        kept = set(found)
+        kept.discard(None)  # type: ignore[arg-type]
+        start = 0
+        for j in _positions(found, None):  # messages the strategy wrote: few, measured once
+            keys.extend(map(s.digests.__getitem__, found[start:j]))  # type: ignore[arg-type]
+            toks.extend(map(s.tokens.__getitem__, found[start:j]))  # type: ignore[arg-type]
+            _, digest, n, items = self._written_message(messages[j])
             keys.append(digest)
             toks.append(n)
             written.append(items)
-        return keys, toks, kept, written
+            start = j + 1
+        keys.extend(map(s.digests.__getitem__, found[start:]))  # type: ignore[arg-type]
+        toks.extend(map(s.tokens.__getitem__, found[start:]))  # type: ignore[arg-type]
+        return keys, toks, kept, written  # type: ignore[return-value]
 
     def _written_message(self, m: Any) -> tuple[Any, str, int, frozenset[str]]:
         hit = self._written.get(id(m))
@@ -338,6 +368,16 @@ class _Accountant:
             tokens_after=after, dropped=dropped, lost_items=lost[:LOST_ITEMS_CAP],
             lost_count=len(lost), reason=event.reason if event else None,
             error=event.error if event else None))
+
+
+def _positions(values: list[Any], value: Any) -> list[int]:
+    """Indices of ``value`` in ``values`` (each found by ``list.index``, at C speed)."""
+    out: list[int] = []
+    try:
+        while True:
+            out.append(values.index(value, out[-1] + 1 if out else 0))
+    except ValueError:
+        return out
 
 
 def _common_prefix(a: list[str], b: list[str]) -> int:
