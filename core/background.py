@@ -210,19 +210,28 @@ class BackgroundCompactor:
             return False
         return tokens + rate * latency * self.lead >= budget.trigger
 
-    def _room(self) -> bool:
-        """Room for another task: fewer than ``max_pending``, the newest started at least
-        ``latency / max_pending`` ago (staggered, so swaps come at even intervals)."""
+    def _room(self, tokens: int) -> bool:
+        """Room for another task: fewer than ``max_pending``; a second one only when one at a
+        time cannot keep up (``target + 2·r·L > trigger``); staggered so swaps come at even
+        intervals — the newest started at least ``L / max_pending`` ago, or, before any
+        latency is known, the context grew by ``(trigger - soft) / max_pending`` past the
+        soft threshold per task already running."""
         if not self._jobs:
             return True
         if len(self._jobs) >= self.max_pending:
             return False
+        budget = self.engine.budget
         latency = self.stats.latency_s
-        spacing = (latency if latency is not None else 0.0) / self.max_pending
-        return time.perf_counter() - self._jobs[-1].t0 >= spacing
+        if latency is None:
+            step = (budget.trigger - self.soft_trigger_tokens) / self.max_pending
+            return tokens >= self.soft_trigger_tokens + len(self._jobs) * step
+        # one at a time keeps up when a swap (target + r·L) leaves room for another r·L
+        if budget.target + 2 * self.stats.rate_tokens_s * latency <= budget.trigger:
+            return False
+        return time.perf_counter() - self._jobs[-1].t0 >= latency / self.max_pending
 
     def _maybe_start(self, messages: Sequence[Any], tokens: int) -> bool:
-        if len(messages) <= self._started_len or not self._room() or not self._due(tokens):
+        if len(messages) <= self._started_len or not self._room(tokens) or not self._due(tokens):
             return False
         if tokens <= self.soft_trigger_tokens:
             self.stats.early_starts += 1

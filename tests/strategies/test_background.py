@@ -210,16 +210,23 @@ async def test_cancelled_summary_raises_the_latency_estimate(sim, pm) -> None:
 
 async def test_staggered_tasks_swap_an_earlier_summary_while_a_newer_runs(sim, pm, log
                                                                          ) -> None:
-    """max_pending=2: a second compaction starts while the first runs; the first is
+    """max_pending=2, an agent too fast for one summary at a time (target + 2·rate·latency
+    over the trigger): a second compaction starts latency/2 after the first; the first is
     swapped in when ready (turns since its cut verbatim), then the second replaces it."""
-    server = sim(latency=LatencyModel(ttft_s=1.0))
+    server = sim(latency=LatencyModel(ttft_s=2.5))
     eng = engine(server, pm)
-    bg = BackgroundCompactor(eng, soft_trigger_tokens=SOFT, wait_s=10, latency_hint_s=0.4,
+    bg = BackgroundCompactor(eng, soft_trigger_tokens=SOFT, wait_s=10, latency_hint_s=2.0,
                              max_pending=2, adaptive=False)
-    msgs = history(10)
-    await bg.compact(msgs)  # over soft: A starts
+    msgs = history(9)
+    assert eng.context_tokens(msgs) < SOFT
+    await bg.compact(msgs)
+    msgs = grow(msgs, 1)
+    await bg.compact(msgs)  # over soft: A starts; one turn in no time: a fast agent
+    assert bg.stats.started == 1 and bg.stats.rate_tokens_s * 2 * 2.0 > TRIGGER - TARGET
+    msgs = grow(msgs, 1)
+    await bg.compact(msgs)  # too soon after A (< latency/2): no second task yet
     assert bg.stats.started == 1
-    await asyncio.sleep(0.25)  # at least latency/max_pending = 0.2 s later
+    await asyncio.sleep(1.05)
     msgs = grow(msgs, 1)
     await bg.compact(msgs)  # B starts while A runs
     assert bg.stats.started == 2 and bg.pending
@@ -234,7 +241,22 @@ async def test_staggered_tasks_swap_an_earlier_summary_while_a_newer_runs(sim, p
     await _settle(bg)
     msgs = grow(msgs, 1)
     b = await bg.compact(msgs)
-    assert bg.stats.swapped == 2 and b.cut > a.cut
+    assert bg.stats.swapped == 2 and b.cut > a.cut and bg.stats.started == 2
     assert b.messages[3:] == msgs[b.cut:]
     assert [e.reason for e in log.events] == ["background", "background"]
     validate(b.messages, eng.dialect, allow_pending=True)
+
+
+async def test_one_at_a_time_when_it_keeps_up(sim, pm) -> None:
+    """max_pending=2 starts no second compaction when one at a time keeps up."""
+    server = sim(latency=LatencyModel(ttft_s=0.5))
+    bg = BackgroundCompactor(engine(server, pm), soft_trigger_tokens=SOFT, wait_s=10,
+                             latency_hint_s=0.01, max_pending=2, adaptive=False)
+    msgs = history(10)
+    await bg.compact(msgs)
+    for _ in range(3):
+        await asyncio.sleep(0.05)
+        msgs = grow(msgs, 1)
+        await bg.compact(msgs)
+    assert bg.stats.started == 1
+    await bg.aclose()
