@@ -99,11 +99,13 @@ def rloo_advantages(episodes: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def broadcast_to_segments(
-    rows: Sequence[Mapping[str, Any]], episode_adv: Mapping[str, float]
+    rows: Sequence[Mapping[str, Any]], episode_adv: Mapping[str, float], *,
+    arrays: bool = False,
 ) -> list[dict[str, Any]]:
     """Copy ``rows`` with ``advantages[t] = Â_e · mask[t] · (1 − mask_episode)`` (float32).
 
     Every mask-1 token of every segment of episode ``e`` gets the same ``Â_e``.
+    ``arrays=True`` leaves ``advantages`` a float32 NumPy array instead of a list.
     :raises ValidationError: if a row's episode has no advantage in ``episode_adv``.
     """
     out = []
@@ -116,7 +118,8 @@ def broadcast_to_segments(
             raise ValidationError(f"episode {eid!r}: advantage {scale} is not finite")
         mask = np.asarray(row["response_mask"])
         new = dict(row)
-        new["advantages"] = np.where(mask == 1, np.float32(scale), np.float32(0.0)).tolist()
+        adv = np.where(mask == 1, np.float32(scale), np.float32(0.0))
+        new["advantages"] = adv if arrays else adv.tolist()
         out.append(new)
     return out
 

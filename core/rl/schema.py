@@ -419,8 +419,11 @@ def to_float32(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         new = dict(row)
         for name in FLOAT32_LIST_FIELDS:
-            if new.get(name) is not None:
-                new[name] = np.asarray(new[name], dtype=np.float32).tolist()
+            value = new.get(name)
+            if isinstance(value, np.ndarray):  # arrays stay arrays (the exporter's rows)
+                new[name] = value.astype(np.float32, copy=False)
+            elif value is not None:
+                new[name] = np.asarray(value, dtype=np.float32).tolist()
         for name in _FLOAT32_SCALAR_FIELDS:
             new[name] = float(np.float32(new[name]))
         out.append(new)
@@ -429,14 +432,43 @@ def to_float32(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     """Build an Arrow table with :data:`SEGMENT_SCHEMA` (``returns`` / ``messages_json`` may
-    be absent: they are stored as null)."""
-    columns = {
-        f.name: [row.get(f.name) for row in rows] for f in SEGMENT_SCHEMA
-    }
+    be absent: they are stored as null).
+
+    List fields may be Python lists or NumPy arrays; a column whose values are all arrays
+    of a kind the field holds (integers for ids and masks, floats for the float32 fields)
+    is built from one concatenated buffer instead of element by element.
+    """
+    columns = []
     try:
-        return pa.Table.from_pydict(columns, schema=SEGMENT_SCHEMA)
+        for f in SEGMENT_SCHEMA:
+            values = [row.get(f.name) for row in rows]
+            column = _list_column(values, f.type) if pa.types.is_list(f.type) else None
+            columns.append(pa.array(values, type=f.type) if column is None else column)
+        return pa.Table.from_arrays(columns, schema=SEGMENT_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ValidationError(f"rows do not fit SEGMENT_SCHEMA: {exc}") from exc
+
+
+_NUMPY_TYPES = {pa.int8(): np.int8, pa.int32(): np.int32, pa.float32(): np.float32}
+
+
+def _list_column(values: Sequence[Any], type_: pa.ListType) -> pa.Array | None:
+    """A list column from NumPy arrays, or ``None`` when some value is not a fitting one."""
+    dtype = _NUMPY_TYPES.get(type_.value_type)
+    if dtype is None:
+        return None
+    kind = "f" if np.issubdtype(dtype, np.floating) else "iu"
+    if not values or not all(isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in kind
+                             for v in values):
+        return None
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    joined = np.concatenate(values)
+    flat = joined.astype(dtype, copy=False)
+    if kind == "iu" and flat is not joined and not np.array_equal(flat, joined):
+        return None  # an id that does not fit the field's width: let Arrow report it
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=type_.value_type),
+                                    type=type_)
 
 
 def table_to_rows(table: pa.Table) -> list[dict[str, Any]]:

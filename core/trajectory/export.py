@@ -230,12 +230,16 @@ def _rows(
     rows = []
     for i, s in enumerate(segs):
         last = i == k - 1
+        n = len(s.response_ids)
         rows.append({
             "schema_version": SCHEMA_VERSION, "group_id": ep.group_id,
             "episode_id": ep.episode_id, "sample_index": outcome.sample_index,
             "segment_index": i, "num_segments": k, "is_last_segment": last,
-            "prompt_ids": s.prompt_ids, "response_ids": s.response_ids,
-            "response_mask": s.response_mask, "rollout_logprobs": s.rollout_logprobs,
+            # token-level fields as NumPy arrays of the Arrow types (written in one piece)
+            "prompt_ids": np.array(s.prompt_ids, dtype=np.int32),
+            "response_ids": np.array(s.response_ids, dtype=np.int32),
+            "response_mask": np.array(s.response_mask, dtype=np.int8),
+            "rollout_logprobs": np.array(s.rollout_logprobs, dtype=np.float32),
             "summary_span": s.summary_span, "summary_trained": s.summary_trained,
             "compaction_trigger": "none" if last else s.compaction_trigger,
             "episode_reward": outcome.reward, "segment_reward": 0.0,
@@ -243,7 +247,7 @@ def _rows(
             "mask_episode": masked, "loss_weight": 1.0,
             "episode_num_loss_tokens": loss_tokens, "episode_num_segments": k,
             "policy_version": s.policy_version, **tok.info(), "sampling": s.sampling,
-            "messages_json": s.messages_json, "advantages": [0.0] * len(s.response_ids),
+            "messages_json": s.messages_json, "advantages": np.zeros(n, dtype=np.float32),
             "returns": None,
         })
     return rows
@@ -253,7 +257,7 @@ def _with_advantages(
     rows: list[dict[str, Any]], episode_adv: Mapping[str, float], opts: ExportOptions
 ) -> list[dict[str, Any]]:
     if opts.advantage in ("grpo", "drgrpo", "rloo"):
-        return broadcast_to_segments(rows, episode_adv)
+        return broadcast_to_segments(rows, episode_adv, arrays=True)
     if opts.advantage.startswith("gae"):
         zeros = [np.zeros(len(r["response_ids"])) for r in rows]  # V = 0: no critic
         return assign_gae(rows, zeros, gamma=opts.gamma, lam=opts.lam,
@@ -277,6 +281,11 @@ def _episode_row(rows: Sequence[Mapping[str, Any]], segs: Sequence[Segment],
 
 
 # ----------------------------------------------------------------- writers
+
+
+def _lists(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` with its arrays as lists (JSON floats as Python writes the float32 values)."""
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in row.items()}
 
 
 class _Writer:
@@ -313,7 +322,7 @@ class _Writer:
         rows = to_float32(rows)
         self.files[-1]["rows"] += len(rows)
         if self.opts.fmt == "jsonl":
-            self._shard.write(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+            self._shard.write(b"".join(orjson.dumps(_lists(r)) + b"\n" for r in rows))
         else:
             self._buffer.extend(rows)
             self._tokens += sum(len(r["prompt_ids"]) + len(r["response_ids"]) for r in rows)
@@ -392,7 +401,7 @@ class _Counts:
         for r, s in zip(rows, segs, strict=True):
             self.prompt_tokens += len(r["prompt_ids"])
             self.response_tokens += len(r["response_ids"])
-            self.loss_tokens += sum(r["response_mask"])
+            self.loss_tokens += int(np.count_nonzero(r["response_mask"]))
             if s.break_reason:
                 self.breaks[s.break_reason] = self.breaks.get(s.break_reason, 0) + 1
 

@@ -35,6 +35,7 @@ from .tokenize import (
     PrefixBreak,
     TokenStream,
     extend_chat,
+    tail_text,
     to_chat_messages,
     to_chat_tools,
 )
@@ -217,6 +218,25 @@ class _Redo(Exception):
     """A windowed render disagreed with a full one: rebuild the segment with full renders."""
 
 
+@dataclass
+class _Pending:
+    """One call's token work, queued until ``_Builder.flush``, and the builder's text state
+    before the call (restored if the call turns out not to extend the segment's tokens)."""
+
+    index: int  # the call's position in the segment
+    glue: str | None  # observation / template glue before the call's prompt (None: first)
+    sampled: str
+    engine_ids: list[int] | None
+    logprobs: list[float] | None
+    before: tuple[Any, ...]
+    context: list[dict[str, Any]] | None = None
+    gen: str = ""
+
+
+#: queued text (characters) after which ``build_segments`` runs the token work
+_PREFETCH_CHARS = 1 << 22
+
+
 class _Builder:
     """Grows one segment call by call.
 
@@ -224,10 +244,14 @@ class _Builder:
     render) unless ``exact``; any break that depends on the text, and the segment's last
     text when it closes, are then checked against a full render, raising ``_Redo`` on a
     difference (``build_segments`` rebuilds the segment with ``exact=True``).
+
+    Token work is queued: ``extend`` decides at message and text level, and ``flush`` then
+    encodes every queued text in one batch (the tokenizer's threads) before running the
+    ``TokenStream`` over it, which may find a token-level break at a queued call.
     """
 
     def __init__(self, call: ModelCall, tok: ChatTokenizer, *, verify: bool,
-                 exact: bool = False) -> None:
+                 exact: bool = False, memo: dict[str, list[int]] | None = None) -> None:
         self.tok = tok
         self.dialect = get_dialect(call.dialect)
         self.first = call
@@ -239,13 +263,19 @@ class _Builder:
         self.num_calls = 0
         self.window = None if exact or self.recorded else _Window(tok, self.tools)
         self.unverified = False  # some text came from the window
+        self.verify = verify
+        self.memo: dict[str, list[int]] = {} if memo is None else memo
+        self.queue: list[_Pending] = []
+        self.queued = 0  # characters of queued text
+        self.stream: TokenStream | None = None
         self.chat = to_chat_messages(call.messages, self.dialect, self.system)
         if self.recorded:
             self.stream = TokenStream.from_ids(tok, call.prompt_token_ids or [])
         else:
             self.gen = self._render(self.chat, True, full=True)
-            self.stream = TokenStream(tok, self.gen, verify=verify)
-        self._respond(call, self.chat)
+            self.prompt = self.gen
+            self.queued = len(self.gen)
+        self._respond(call, self.chat, None)
 
     def _render(self, chat: list[dict[str, Any]], gen: bool, *, full: bool = False) -> str:
         window = self.window
@@ -267,10 +297,15 @@ class _Builder:
     def _digests(self, messages: Sequence[Any]) -> list[str]:
         return [self.dialect.digest(m) for m in messages]
 
-    def _respond(self, call: ModelCall, context: list[dict[str, Any]]) -> None:
+    def _state(self) -> tuple[Any, ...]:
+        return (self.chat, self.ext, self.gen, self.after, self.full, self.num_calls)
+
+    def _respond(self, call: ModelCall, context: list[dict[str, Any]],
+                 pending: _Pending | None) -> None:
         self.num_calls += 1
         chat = extend_chat(context, call.response, self.dialect)
         if self.recorded:
+            assert self.stream is not None
             self.stream.push_ids(call.response_token_ids or [], 1, call.response_logprobs)
             self.logprobs_known &= call.response_logprobs is not None
         else:
@@ -282,8 +317,12 @@ class _Builder:
                     "renders the assistant turn without its own generation prompt as prefix"
                 )
             sampled, _ = self.tok.split_at_eos(full[len(self.gen):])
-            kept = self.stream.sample(sampled, call.response_token_ids, call.response_logprobs)
-            self.logprobs_known &= kept
+            if pending is None:
+                pending = _Pending(0, None, "", None, None, ())
+            pending.sampled = sampled
+            pending.engine_ids, pending.logprobs = call.response_token_ids, call.response_logprobs
+            self.queue.append(pending)
+            self.queued += len(sampled) + len(pending.glue or "")
             self.after = self.gen + sampled
             self.full = full
         self.chat = chat
@@ -299,7 +338,8 @@ class _Builder:
         return bool(head == self.ext) or self._digests(head) == self._digests(self.ext)
 
     def extend(self, call: ModelCall) -> str | None:
-        """Add ``call`` to the segment; or return why it must start a new one."""
+        """Add ``call`` to the segment, its token work queued; or return why it must start
+        a new one (message or text level; a token-level break is found by ``flush``)."""
         if call.dialect != self.first.dialect or _shape(call) != self.shape:
             return "context"
         if not self._continues(call):
@@ -307,27 +347,63 @@ class _Builder:
         if _recorded(call) != self.recorded:
             return "source"
         context = extend_chat(self.chat, call.messages[len(self.ext):], self.dialect)
-        try:
-            if self.recorded:
+        if self.recorded:
+            assert self.stream is not None
+            try:
                 self.stream.extend_ids(call.prompt_token_ids or [])
-            else:
-                gen = self._render(context, True)
-                if not gen.startswith(self.after):
-                    self._confirm(context, True, gen)
-                    return "template"
+            except PrefixBreak as exc:
+                return exc.reason
+            self._respond(call, context, None)
+            return None
+        gen = self._render(context, True)
+        if not gen.startswith(self.after):
+            self._confirm(context, True, gen)
+            return "template"
+        pending = _Pending(self.num_calls, gen[len(self.after):], "", None, None,
+                           self._state(), context, gen)
+        self.gen = gen
+        self._respond(call, context, pending)
+        return None
+
+    def due(self) -> bool:
+        """Enough token work is queued to run it now (bounds the memory it holds)."""
+        return self.queued >= _PREFETCH_CHARS
+
+    def flush(self) -> tuple[int, str] | None:
+        """Run the queued token work: every text it needs encoded in one batch, then the
+        stream. On a token-level break at a queued call, the builder goes back to its
+        state before that call, and ``(its position in the segment, reason)`` is returned
+        (the caller closes the segment and starts the next one with that call)."""
+        queue, self.queue, self.queued = self.queue, [], 0
+        if not queue:
+            return None
+        ops = [op for p in queue for op in ((("extend", p.glue),) if p.glue is not None else ())
+               + (("sample", p.sampled),)]
+        if self.stream is None:
+            texts = [self.prompt, *TokenStream.inputs(self.tok, tail_text(self.tok, self.prompt),
+                                                      ops)]
+        else:
+            texts = TokenStream.inputs(self.tok, self.stream.tail, ops)
+        TokenStream.prefetch(self.tok, texts, self.memo)
+        if self.stream is None:
+            self.stream = TokenStream(self.tok, self.prompt, verify=self.verify, memo=self.memo)
+        for p in queue:
+            if p.glue is not None:
                 try:
-                    self.stream.extend(gen[len(self.after):])
-                except PrefixBreak:
-                    self._confirm(context, True, gen)
-                    raise
-                self.gen = gen
-        except PrefixBreak as exc:
-            return exc.reason
-        self._respond(call, context)
+                    self.stream.extend(p.glue)
+                except PrefixBreak as exc:
+                    self.chat, self.ext, self.gen, self.after, self.full, self.num_calls = (
+                        p.before)
+                    assert p.context is not None
+                    self._confirm(p.context, True, p.gen)
+                    return p.index, exc.reason
+            self.logprobs_known &= self.stream.sample(p.sampled, p.engine_ids, p.logprobs)
         return None
 
     def check(self) -> None:
         """Before the segment closes: its text so far equals a full render (else ``_Redo``)."""
+        if self.queue:
+            raise AssertionError("flush() the builder before closing it")
         if not self.recorded:
             self._confirm(self.chat, False, self.full)
 
@@ -421,6 +497,15 @@ def build_segments(
     begin = exact_at = -1  # item index of the builder's first call; of a rebuild
     compaction: CompactionEvent | None = None
     summaries: list[SummaryCall] = []
+    # per call of the builder: its item index, and the compaction / summaries logged before it
+    calls: list[tuple[int, CompactionEvent | None, list[SummaryCall]]] = []
+    memo: dict[str, list[int]] = {}  # token ids of texts encoded ahead (this episode)
+
+    def close(reason: str, before: CompactionEvent | None, done: list[SummaryCall]) -> None:
+        assert builder is not None
+        segments.append(_close(builder, before, done, reason=reason,
+                               summary_trained=summary_trained, keep_messages=keep_messages))
+
     i = 0
     while i < len(items):
         kind, value = items[i]
@@ -430,26 +515,44 @@ def build_segments(
             summaries.append(value)
         elif kind == "model_call":
             try:
-                reason = builder.extend(value) if builder is not None else None
-                if builder is not None and reason is not None:
-                    segments.append(_close(builder, compaction, summaries, reason=reason,
-                                           summary_trained=summary_trained,
-                                           keep_messages=keep_messages))
-                    builder = None
                 if builder is None:
                     begin = i
-                    builder = _Builder(value, tok, verify=verify,
+                    builder = _Builder(value, tok, verify=verify, memo=memo,
                                        exact=not window or i == exact_at)
+                    calls = [(i, None, [])]
+                    reason = None
+                else:
+                    reason = builder.extend(value)
+                    if reason is None:
+                        calls.append((i, compaction, summaries))
+                if reason is not None or builder.due():
+                    broken = builder.flush()
+                    if broken is not None:  # a queued call does not extend the tokens
+                        at, reason = broken
+                        i, before, done = calls[at]
+                        close(reason, before, done)
+                        builder, compaction, summaries = None, None, []
+                        continue  # the next segment starts with that call
+                if reason is not None:
+                    close(reason, compaction, summaries)
+                    builder = None
+                    continue  # the next segment starts with this call
             except _Redo:  # a windowed render was wrong: this segment again, fully rendered
                 builder, i, exact_at = None, begin, begin
+                compaction, summaries = None, []
                 continue
             compaction, summaries = None, []
         i += 1
-        if i == len(items) and builder is not None:
+        if i == len(items) and builder is not None:  # the episode's last segment
             try:
-                segments.append(_close(builder, None, [], reason="",
-                                       summary_trained=summary_trained,
-                                       keep_messages=keep_messages))
+                broken = builder.flush()
+                if broken is None:
+                    close("", None, [])
+                else:
+                    at, reason = broken
+                    i, before, done = calls[at]
+                    close(reason, before, done)
             except _Redo:
-                builder, i, exact_at = None, begin, begin
+                i, exact_at = begin, begin
+            builder, compaction, summaries = None, None, []
     return segments

@@ -32,6 +32,7 @@ __all__ = [
     "PrefixBreak",
     "TokenStream",
     "extend_chat",
+    "tail_text",
     "to_chat_messages",
     "to_chat_tools",
 ]
@@ -200,6 +201,8 @@ class ChatTokenizer:
         self.hf = tokenizer
         self.name = name
         self._backend = tokenizer.backend_tokenizer
+        self._encode_batch = getattr(self._backend, "encode_batch_fast",
+                                     self._backend.encode_batch)  # tokenizers < 0.20: no _fast
         self.chat_template_sha256 = _sha256(str(tokenizer.chat_template).encode())
         self.tokenizer_sha256 = self._tokenizer_sha256(name)
         self.eos_text = str(tokenizer.eos_token or "")
@@ -242,15 +245,20 @@ class ChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, special tokens in it recognized, none added."""
-        return list(self._backend.encode(text, add_special_tokens=False).ids)
+        return self.encode_batch([text])[0]
 
     def encode_pair(self, a: str, b: str) -> tuple[list[int], list[int]]:
         """``(encode(a), encode(b))`` in one call (the Rust side runs them in parallel)."""
         if a == b:
             ids = self.encode(a)
             return ids, ids
-        first, second = self._backend.encode_batch([a, b], add_special_tokens=False)
-        return list(first.ids), list(second.ids)
+        first, second = self.encode_batch([a, b])
+        return first, second
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``[encode(t) for t in texts]`` in one call: the Rust side runs them on its
+        threads, and skips the character offsets when it can (``encode_batch_fast``)."""
+        return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
 
     def render(
         self,
@@ -302,6 +310,16 @@ class ChatTokenizer:
 # ----------------------------------------------------------------- incremental stream
 
 
+def tail_text(tok: ChatTokenizer, text: str) -> str:
+    """``text`` after its last hard special token (all of it when it holds none)."""
+    pattern = tok.hard.pattern
+    end = None
+    if pattern is not None:
+        for match in pattern.finditer(text):
+            end = match.end()
+    return text if end is None else text[end:]
+
+
 class TokenStream:
     """The token ids of one segment, grown piece by piece with the prefix property checked.
 
@@ -312,9 +330,11 @@ class TokenStream:
     notes a break that the next ``extend`` reports.
     """
 
-    def __init__(self, tok: ChatTokenizer, prompt_text: str, *, verify: bool = False) -> None:
+    def __init__(self, tok: ChatTokenizer, prompt_text: str, *, verify: bool = False,
+                 memo: dict[str, list[int]] | None = None) -> None:
         self.tok = tok
-        self.prompt_ids = tok.encode(prompt_text)
+        self.memo = {} if memo is None else memo
+        self.prompt_ids = self._encode(prompt_text)
         self.response_ids: list[int] = []
         self.mask: list[int] = []
         self.logprobs: list[float] = []
@@ -347,6 +367,41 @@ class TokenStream:
             raise PrefixBreak("tokens")
         self.push_ids(next_prompt_ids[n:], 0)
 
+    def _encode(self, text: str) -> list[int]:
+        """``tok.encode(text)``, from ``memo`` when ``prefetch`` put it there."""
+        ids = self.memo.get(text)
+        return self.tok.encode(text) if ids is None else ids
+
+    def _encode_pair(self, a: str, b: str) -> tuple[list[int], list[int]]:
+        x, y = self.memo.get(a), self.memo.get(b)
+        return self.tok.encode_pair(a, b) if x is None or y is None else (x, y)
+
+    @staticmethod
+    def inputs(tok: ChatTokenizer, tail: str, ops: Sequence[tuple[str, str]]) -> list[str]:
+        """The texts ``extend`` / ``sample`` will encode for ``ops`` (``("extend" |
+        "sample", piece)`` in order) from a stream whose window text is ``tail``: known
+        from the text alone, so they can be encoded together beforehand (``prefetch``)."""
+        out = []
+        for kind, piece in ops:
+            joint = tail + piece
+            if kind == "sample":
+                out.append(piece)
+            out.append(joint)
+            tail = tail_text(tok, joint)
+        return out
+
+    @staticmethod
+    def prefetch(tok: ChatTokenizer, texts: Sequence[str],
+                 memo: dict[str, list[int]]) -> None:
+        """Encode ``texts`` missing from ``memo`` in one batch call into ``memo``."""
+        todo = list(dict.fromkeys(t for t in texts if t not in memo))
+        memo.update(zip(todo, tok.encode_batch(todo), strict=True))
+
+    @property
+    def tail(self) -> str:
+        """The text since the last hard special token (what the next piece is joined to)."""
+        return self._tail
+
     def _ids_tail(self) -> list[int]:
         """The last ``_tail_n`` ids: the tokens of the text since the last hard token."""
         n, r = self._tail_n, len(self.response_ids)
@@ -356,9 +411,8 @@ class TokenStream:
 
     def _retail(self, joint: str, joint_ids: list[int]) -> None:
         """Move the re-tokenization window to just after the last hard special token."""
-        pattern = self.tok.hard.pattern
-        ends = [m.end() for m in pattern.finditer(joint)] if pattern is not None else []
-        if not ends:
+        tail = tail_text(self.tok, joint)
+        if len(tail) == len(joint):
             self._tail, self._tail_n = joint, len(joint_ids)
             return
         n_after = 0
@@ -366,7 +420,7 @@ class TokenStream:
             if tid in self.tok.hard.ids:
                 break
             n_after += 1
-        self._tail, self._tail_n = joint[ends[-1]:], n_after
+        self._tail, self._tail_n = tail, n_after
 
     def _push(self, ids: list[int], mask: int, logprobs: Sequence[float] | None) -> None:
         self.response_ids.extend(ids)
@@ -383,7 +437,7 @@ class TokenStream:
         if not piece:
             return
         joint = self._tail + piece
-        joint_ids = self.tok.encode(joint)
+        joint_ids = self._encode(joint)
         old = self._ids_tail()
         if joint_ids[: len(old)] != old:
             raise PrefixBreak("tokens")
@@ -401,7 +455,7 @@ class TokenStream:
         the joint tokenization makes the next ``extend`` raise ``PrefixBreak``.
         """
         joint = self._tail + piece
-        ids, joint_ids = self.tok.encode_pair(piece, joint)
+        ids, joint_ids = self._encode_pair(piece, joint)
         old = self._ids_tail()
         if joint_ids != old + ids:
             self._broken = "tokens"

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -182,3 +183,24 @@ def test_episode_schema_accepts_an_episode_row() -> None:
     assert table.num_rows == 1
     assert {"episode_reward", "num_compactions", "max_working_context"} <= set(
         EPISODE_SCHEMA.names)
+
+
+def _as_arrays(row: dict[str, Any]) -> dict[str, Any]:
+    types = {"prompt_ids": np.int32, "response_ids": np.int32, "response_mask": np.int8,
+             "summary_span": np.int32, "rollout_logprobs": np.float32,
+             "advantages": np.float32}
+    return {k: np.asarray(v, dtype=types[k]) if k in types else v for k, v in row.items()}
+
+
+def test_rows_of_numpy_arrays_give_the_same_table() -> None:
+    rows = to_float32(good_rows())
+    from_arrays = rows_to_table([_as_arrays(r) for r in rows])
+    assert from_arrays.equals(rows_to_table(rows), check_metadata=True)
+    assert to_float32([_as_arrays(r) for r in rows])[0]["advantages"].dtype == np.float32
+
+
+def test_array_rows_that_do_not_fit_are_rejected() -> None:
+    rows = [_as_arrays(r) for r in to_float32(good_rows())]
+    rows[1]["response_ids"] = rows[1]["response_ids"].astype(np.int64) + 2**40
+    with pytest.raises(ValidationError, match="do not fit SEGMENT_SCHEMA"):
+        rows_to_table(rows)

@@ -9,7 +9,7 @@ import pytest
 
 from agentcompact.events import ModelCall
 from agentcompact.trajectory.segments import build_segments
-from agentcompact.trajectory.tokenize import ChatTokenizer, to_chat_messages
+from agentcompact.trajectory.tokenize import ChatTokenizer, TokenStream, tail_text, to_chat_messages
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.trajectory.runs import agent_loop
 
@@ -264,3 +264,34 @@ def test_template_numbering_messages_renders_in_full() -> None:
     events = agent_loop("e", 12)
     segs = build_segments(events, tok, verify=True)
     _same(segs, build_segments(events, tok, window=False, verify=True))
+
+
+class _RecordingTokenizer(ChatTokenizer):
+    """Records every text it encodes."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.seen: list[str] = []
+
+    def encode_batch(self, texts: Any) -> list[list[int]]:
+        self.seen.extend(texts)
+        return super().encode_batch(texts)
+
+
+def test_prefetched_inputs_are_the_texts_the_stream_encodes(tok: ChatTokenizer) -> None:
+    rec = _RecordingTokenizer(tok.hf, "rec")
+    prompt = "<|im_start|>user\nList files.<|im_end|>\n<|im_start|>assistant\n"
+    ops = [("sample", "Step 0.<|im_end|>"),
+           ("extend", "\n<|im_start|>user\na.py b.py<|im_end|>\n<|im_start|>assistant\n"),
+           ("sample", "Done.<|im_end|>"), ("extend", "\n")]
+    memo: dict[str, list[int]] = {}
+    TokenStream.prefetch(rec, [prompt, *TokenStream.inputs(rec, tail_text(rec, prompt), ops)],
+                         memo)
+    before = len(rec.seen)
+    streams = [TokenStream(rec, prompt, memo=memo, verify=True), TokenStream(tok, prompt)]
+    for stream in streams:
+        for kind, piece in ops:
+            stream.sample(piece) if kind == "sample" else stream.extend(piece)
+    assert len(rec.seen) == before  # everything came from the prefetched batch
+    assert streams[0].ids == streams[1].ids and streams[0].mask == streams[1].mask
+    streams[0].verify()
