@@ -482,10 +482,18 @@ def write_parquet(rows: Sequence[Mapping[str, Any]], path: str | Path) -> None:
     pq.write_table(rows_to_table(rows), str(path))
 
 
+def _shards(folder: Path, suffix: str) -> list[Path]:
+    """The segment shards of a folder: ``segments-*`` files (an export), else every file
+    with ``suffix`` except the export's episode table; sorted by name."""
+    files = sorted(folder.glob(f"segments-*{suffix}"))
+    return files or sorted(p for p in folder.glob(f"*{suffix}") if p.stem != "episodes")
+
+
 def read_parquet(path: str | Path) -> list[dict[str, Any]]:
-    """Read a Parquet file, or a directory of ``*.parquet`` shards (sorted by name)."""
+    """Read a Parquet file, or a directory of Parquet segment shards (sorted by name):
+    an export's ``segments-*.parquet``, never its ``episodes.parquet``."""
     path = Path(path)
-    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    files = _shards(path, ".parquet") if path.is_dir() else [path]
     rows: list[dict[str, Any]] = []
     for file in files:
         try:
@@ -520,9 +528,15 @@ def _iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Read ``.jsonl`` / ``.parquet`` / a directory of Parquet shards, by suffix."""
+    """Read ``.jsonl`` / ``.parquet`` by suffix, or a folder of segment shards (an export
+    folder: its ``segments-*`` files, Parquet or JSONL, without the episode table)."""
     path = Path(path)
-    if path.is_dir() or path.suffix == ".parquet":
+    if path.is_dir():
+        parquet, jsonl = _shards(path, ".parquet"), _shards(path, ".jsonl")
+        if parquet and jsonl:
+            raise TrajectoryError(f"{path}: holds both Parquet and JSONL segment shards")
+        return read_parquet(path) if parquet else [r for f in jsonl for r in read_jsonl(f)]
+    if path.suffix == ".parquet":
         return read_parquet(path)
     if path.suffix in (".jsonl", ".json"):
         return read_jsonl(path)

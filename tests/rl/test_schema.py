@@ -204,3 +204,27 @@ def test_array_rows_that_do_not_fit_are_rejected() -> None:
     rows[1]["response_ids"] = rows[1]["response_ids"].astype(np.int64) + 2**40
     with pytest.raises(ValidationError, match="do not fit SEGMENT_SCHEMA"):
         rows_to_table(rows)
+
+
+def test_read_rows_of_an_export_folder_reads_only_the_segment_shards(tmp_path: Any) -> None:
+    rows = to_float32(good_rows())
+    write_parquet(rows[:3], tmp_path / "segments-00000.parquet")
+    write_parquet(rows[3:], tmp_path / "segments-00001.parquet")
+    episodes = [{"schema_version": SCHEMA_VERSION, "group_id": "g", "episode_id": "e1",
+                 "sample_index": 0, "episode_reward": 1.0, "stop_reason": "complete",
+                 "mask_episode": False, "num_segments": 3, "num_compactions": 2,
+                 "num_loss_tokens": 5, "num_response_tokens": 8, "max_working_context": 9,
+                 "policy_version": 0}]
+    pq.write_table(pa.Table.from_pylist(episodes, schema=EPISODE_SCHEMA),
+                   tmp_path / "episodes.parquet")
+    want = read_parquet(tmp_path / "segments-00000.parquet") + read_parquet(
+        tmp_path / "segments-00001.parquet")
+    assert len(want) == len(rows)
+    assert read_rows(tmp_path) == want and read_parquet(tmp_path) == want
+    write_jsonl(rows[:2], tmp_path / "segments-00002.jsonl")  # one format per folder
+    with pytest.raises(TrajectoryError, match="both Parquet and JSONL segment shards"):
+        read_rows(tmp_path)
+    for p in tmp_path.glob("segments-*.parquet"):
+        p.unlink()
+    assert read_rows(tmp_path) == read_jsonl(tmp_path / "segments-00002.jsonl")
+    assert len(read_rows(tmp_path)) == 2

@@ -210,3 +210,8 @@ def test_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                  str(QWEN_TOKENIZER), "--no-progress"]) == 1
     assert "agentcompact export: error:" in capsys.readouterr().err
     assert not math.isnan(0.0)
+
+
+def test_read_rows_of_an_export_folder_is_its_segment_rows(tau_export: Path) -> None:
+    rows = read_export(tau_export)
+    assert len(rows) == 200 and read_rows(tau_export) == rows  # not the episode table too
