@@ -42,6 +42,21 @@ def test_tiktoken_counts_real_tokens() -> None:
     assert TiktokenCounter("cl100k_base").count_texts(["hello world"]) == [2]
 
 
+@pytest.mark.parametrize("encoding", ["o200k_base", "cl100k_base"])
+def test_tiktoken_counts_are_encode_ordinary_lengths(encoding: str) -> None:
+    import tiktoken
+
+    texts = ["hello world", "<|endoftext|> is text here, <|endofprompt|> too",
+             "a lone surrogate \ud800 in JSON", "日本語 and emoji 📋\U0001F600",
+             "def f(x):\n    return x ** 2  # 3.14\n" * 300, " " * 7, "\n\n\r\n"]
+    texts += [t[: k * 37] for t in texts[:4] for k in range(1, 4)]
+    reference = tiktoken.get_encoding(encoding)
+    counter = TiktokenCounter(encoding)
+    assert [counter.count_texts([t])[0] for t in texts] == [
+        len(reference.encode_ordinary(t)) for t in texts]
+    assert counter.count_texts(texts) == [len(reference.encode_ordinary(t)) for t in texts]
+
+
 def test_chars_estimate() -> None:
     assert CharEstimateCounter().count_texts(["abcd", "abcde", ""]) == [1, 2, 0]
 
