@@ -228,10 +228,10 @@ class CompactionProxy:
         new_bytes = len(plan.raw)
         if plan.parsed is None:
             key = self.engines.dialects[plan.dialect].messages_key
-            prev, new_bytes = self.bodies.lookup(plan.raw, key)
+            match, new_bytes = self.bodies.lookup(plan.raw, key)
             if limit is not None and new_bytes > limit:
                 return False
-            self._parse(plan, headers, prev)
+            self._parse(plan, headers, match)
         engine = plan.engine
         if engine is not None and plan.messages is not None and plan.result is None:
             if (limit is not None and len(plan.raw) > limit
@@ -242,9 +242,9 @@ class CompactionProxy:
             self._apply(plan)
         return True
 
-    def _parse(self, plan: _Plan, headers: Any, prev: Parsed | None | bool = True) -> None:
+    def _parse(self, plan: _Plan, headers: Any, match: Any = True) -> None:
         dialect = self.engines.dialects[plan.dialect]
-        parsed = self.bodies.parse(plan.raw, dialect.messages_key, prev)
+        parsed = self.bodies.parse(plan.raw, dialect.messages_key, match)
         body = parsed.body
         if not isinstance(body, dict):
             raise TypeError(f"request body is a JSON {type(body).__name__}, not an object")

@@ -200,6 +200,33 @@ def scan_body(buf: bytes, key: str, values: Sequence[Any] = ()
     return found
 
 
+def array_start(buf: bytes, key: str) -> int:
+    """Offset of the ``[`` opening the array under the first top-level ``key`` of the JSON
+    object ``buf`` (only the keys before it are scanned), or -1. A later duplicate of
+    ``key`` is not looked for here: the caller's parse of the rest catches it."""
+    try:
+        pos = _ws(buf, 0)
+        if pos >= len(buf) or buf[pos] != _OBJ:
+            return -1
+        pos = _ws(buf, pos + 1)
+        while pos < len(buf) and buf[pos] == _QUOTE:
+            end = _string_end(buf, pos)
+            name = orjson.loads(buf[pos:end])
+            pos = _ws(buf, end)
+            if pos >= len(buf) or buf[pos] != _COLON:
+                return -1
+            pos = _ws(buf, pos + 1)
+            if name == key:
+                return pos if pos < len(buf) and buf[pos] == _ARR else -1
+            pos = _ws(buf, _skip_value(buf, pos))
+            if pos >= len(buf) or buf[pos] != _COMMA:
+                return -1
+            pos = _ws(buf, pos + 1)
+    except (_Malformed, orjson.JSONDecodeError):
+        return -1
+    return -1
+
+
 @dataclass
 class Parsed:
     """A parsed request body and, when known, where its messages lie in ``raw``.
@@ -229,6 +256,10 @@ class Parsed:
         return self.ends[-1] if self.ends else self.array + 1
 
 
+#: an earlier body, and where the array it extends starts in the new one
+_Match = tuple[Parsed, int]
+
+
 class BodyCache:
     """Recent request bodies with their parsed messages, for incremental parsing.
 
@@ -248,19 +279,23 @@ class BodyCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, raw: bytes, key: str) -> tuple[Parsed | None, int]:
-        """The earlier body ``raw`` extends (or ``None``) and how many bytes of ``raw`` a
-        parse would still read (the cost of ``parse``, roughly)."""
-        prev = self._candidate(raw, key)
-        return prev, len(raw) - (prev.prefix_end() if prev is not None else 0)
+    def lookup(self, raw: bytes, key: str) -> tuple[_Match | None, int]:
+        """The earlier body whose messages ``raw`` starts its array with (or ``None``), and
+        how many bytes of ``raw`` a parse would still read (the cost of ``parse``)."""
+        match = self._candidate(raw, key)
+        if match is None:
+            return None, len(raw)
+        prev, array = match
+        return match, len(raw) - (array + prev.prefix_end() - prev.array)
 
-    def parse(self, raw: bytes, key: str, prev: Parsed | None | bool = True) -> Parsed:
+    def parse(self, raw: bytes, key: str, match: _Match | None | bool = True) -> Parsed:
         """``raw`` parsed (as ``orjson.loads`` would), reusing an earlier request's message
         objects for the messages it shares byte for byte. Raises what ``orjson`` raises for
-        a body that does not parse. ``prev``: the result of ``lookup``, if already known."""
-        if prev is True or prev is False:
-            prev = self._candidate(raw, key)
-        parsed = _extend(prev, raw) if prev is not None else None
+        a body that does not parse. ``match``: the result of ``lookup``, if already known."""
+        if match is True or match is False:
+            match = self._candidate(raw, key)
+        prev = match[0] if match is not None else None
+        parsed = _extend(prev, raw, match[1]) if match is not None else None
         if parsed is None:
             parsed = _full(raw, key)
             self.misses += 1
@@ -272,15 +307,24 @@ class BodyCache:
         return parsed
 
     # --- incremental path -----------------------------------------------------------
-    def _candidate(self, raw: bytes, key: str) -> Parsed | None:
+    def _candidate(self, raw: bytes, key: str) -> _Match | None:
+        """The most recent entry whose message bytes open ``raw``'s message array. The keys
+        before the array may differ (``stream``, ``max_tokens``, metadata…): the array's
+        content does not depend on them."""
         with self._lock:
             entries = list(reversed(self._entries.values()))
+        if not entries:
+            return None
+        array = array_start(raw, key)
+        if array < 0:
+            return None
         for entry in entries:
             if entry.key != key:
                 continue
             end = entry.prefix_end()
-            if end <= len(raw) and raw.startswith(memoryview(entry.raw)[:end]):
-                return entry
+            if (array + end - entry.array <= len(raw)
+                    and raw.startswith(memoryview(entry.raw)[entry.array:end], array)):
+                return entry, array
         return None
 
     def _remember(self, parsed: Parsed, replaces: Parsed | None) -> None:
@@ -298,33 +342,41 @@ class BodyCache:
                 self._bytes -= len(dropped.raw)
 
 
-def _extend(prev: Parsed, raw: bytes) -> Parsed | None:
-    """``raw`` parsed reusing ``prev``'s messages (``raw`` starts with all of their bytes);
-    ``None`` when anything is off (the caller parses it in full)."""
+def _extend(prev: Parsed, raw: bytes, array: int) -> Parsed | None:
+    """``raw`` parsed reusing ``prev``'s messages (the array at ``array`` in ``raw`` starts
+    with all of their bytes); ``None`` when anything is off (the caller parses in full)."""
     key = prev.key
     if prev.messages is None or prev.starts is None or prev.ends is None:
         return None
-    starts, ends = list(prev.starts), list(prev.ends)
+    shift = array - prev.array
+    if shift:
+        starts = [i + shift for i in prev.starts]
+        ends = [i + shift for i in prev.ends]
+    else:
+        starts, ends = list(prev.starts), list(prev.ends)
     n = len(starts)
     try:
-        close = _scan_elements(raw, prev.prefix_end(), starts, ends, first=n == 0)
+        close = _scan_elements(raw, prev.prefix_end() + shift, starts, ends, first=n == 0)
         new: list[Any] = []
         if len(starts) > n:
             new = orjson.loads(b"[" + raw[starts[n]:close + 1])
             if not isinstance(new, list) or len(new) != len(starts) - n:
                 return None
         rest = raw[close + 1:]
-        if rest == prev.raw[prev.close + 1:]:
+        if (rest == prev.raw[prev.close + 1:]
+                and raw.startswith(memoryview(prev.raw)[:prev.array]) and not shift):
             body = dict(prev.body)
         else:
-            body = orjson.loads(raw[:prev.array] + _SENTINEL_JSON + rest)
+            # the keys around the array, parsed on their own; a duplicate of ``key`` among
+            # them would replace the sentinel, and then nothing is reused
+            body = orjson.loads(raw[:array] + _SENTINEL_JSON + rest)
             if not isinstance(body, dict) or body.get(key) != _SENTINEL:
                 return None
     except (_Malformed, orjson.JSONDecodeError):
         return None
     messages = prev.messages[:n] + new
     body[key] = messages
-    return Parsed(raw, key, body, messages, n, prev.array, close, starts, ends)
+    return Parsed(raw, key, body, messages, n, array, close, starts, ends)
 
 
 def _full(raw: bytes, key: str) -> Parsed:

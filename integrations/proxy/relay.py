@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from .upstream import UpstreamDropped, UpstreamResponse
-from .wire import response_headers
+from .wire import content_length, response_headers
 
 __all__ = ["BufferedResponse", "RelayResponse", "UpstreamDropped"]
 
@@ -83,14 +83,21 @@ class RelayResponse:
             raise dropped
 
     async def _relay(self, send: Send) -> bool:
+        raw = self.upstream.raw_headers
+        left = content_length(raw)
         await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": response_headers(self.upstream.raw_headers)})
+                    "headers": response_headers(raw, keep_length=left is not None)})
         tee = self.tee
+        ended = False
         async for chunk in self.upstream.iter_chunks():
             if tee is not None:
                 tee(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if left is not None:
+                left -= len(chunk)
+                ended = left <= 0  # the last bytes: one write, no empty closing message
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "is_context_error",
     "is_probe",
     "is_anthropic_path",
+    "content_length",
     "request_headers",
     "response_headers",
     "session_key",
@@ -86,11 +87,28 @@ def request_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes,
     return out
 
 
-def response_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """Upstream headers to relay: hop-by-hop dropped; ``content-length`` recomputed by the
-    server (the body is relayed chunk by chunk); ``content-encoding`` kept since the bytes
-    are relayed undecoded."""
-    return [(k, v) for k, v in headers if k.lower().decode("latin-1") not in _DROP_RESPONSE]
+def response_headers(headers: Sequence[tuple[bytes, bytes]], *, keep_length: bool = False
+                     ) -> list[tuple[bytes, bytes]]:
+    """Upstream headers to relay: hop-by-hop dropped; ``content-encoding`` kept since the
+    bytes are relayed undecoded. ``content-length`` is dropped (the server recomputes or
+    chunks) unless ``keep_length``: a body relayed byte for byte keeps the upstream's
+    length, so the client is not sent a chunked answer the upstream did not send."""
+    drop = _HOP_BY_HOP if keep_length else _DROP_RESPONSE
+    return [(k, v) for k, v in headers if k.lower().decode("latin-1") not in drop]
+
+
+def content_length(headers: Sequence[tuple[bytes, bytes]]) -> int | None:
+    """The body length an upstream announced, or ``None`` (chunked, or no valid length)."""
+    length = None
+    for k, v in headers:
+        name = k.lower()
+        if name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            if length is not None or not v.strip().isdigit():
+                return None  # repeated or malformed: let the server frame the body
+            length = int(v)
+    return length
 
 
 def is_probe(body: Mapping[str, Any]) -> bool:

@@ -181,3 +181,24 @@ def test_encode_without_spans_serializes() -> None:
     parsed = check(cache, b'{"messages": [1], "messages": [{"role": "user"}]}')
     assert not parsed.spans
     assert orjson.loads(encode(parsed, [{"role": "a"}])) == {"messages": [{"role": "a"}]}
+
+
+@pytest.mark.parametrize("serialize", SERIALIZERS.values(), ids=SERIALIZERS.keys())
+def test_keys_before_the_array_may_change(serialize: Serializer) -> None:
+    """``stream``, ``max_tokens``, a system prompt quoting ``"messages": [`` before the
+    array: the message objects are still reused, and the body is what a full parse gives."""
+    history = anthropic_history(8, result_tokens=20)
+    cache = BodyCache()
+    previous: list[Any] = []
+    for n in range(2, len(history) + 1):
+        head = {"stream": n % 2 == 0, "max_tokens": 100 + n % 3,
+                "system": 'Reply as JSON: {"messages": [' + "x" * (n % 4), "metadata": {
+                    "messages": [{"role": "user", "content": "decoy"}]}}
+        raw = serialize({**head, "messages": history[:n], "tools": [{"name": "t"}]})
+        parsed = check(cache, raw)
+        assert parsed.reused == len(previous)
+        assert all(a is b for a, b in zip(parsed.messages, previous))
+        previous = parsed.messages
+        sent = encode(parsed, parsed.messages[1:])
+        assert orjson.loads(sent) == {**orjson.loads(raw), "messages": history[1:n]}
+    assert len(cache) == 1
