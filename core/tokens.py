@@ -170,7 +170,10 @@ class MessageMeter:
         self._by_id.clear()
         self._by_digest.clear()
 
-    def measure(self, messages: Sequence[Any]) -> Measured:
+    def measure(self, messages: Sequence[Any],
+                counted: Sequence[tuple[str, int]] | None = None) -> Measured:
+        """Digests and token counts of ``messages``. ``counted``, when given, holds each
+        message's ``dialect.counted_text`` (already computed by the caller)."""
         digests: list[str] = []
         tokens: list[int] = []
         missing: list[int] = []
@@ -191,7 +194,7 @@ class MessageMeter:
             if count >= 0:
                 self._remember(message, digest, count)
         if missing:
-            self._count_missing(messages, missing, digests, tokens)
+            self._count_missing(messages, missing, digests, tokens, counted)
         return Measured(digests, tokens)
 
     def count(self, message: Any) -> int:
@@ -199,13 +202,14 @@ class MessageMeter:
         return self.measure([message]).tokens[0]
 
     def _count_missing(
-        self, messages: Sequence[Any], missing: list[int], digests: list[str], tokens: list[int]
+        self, messages: Sequence[Any], missing: list[int], digests: list[str], tokens: list[int],
+        counted: Sequence[tuple[str, int]] | None = None,
     ) -> None:
-        counted = getattr(self.dialect, "counted_text", None) or self._counted_text
+        count_of = getattr(self.dialect, "counted_text", None) or self._counted_text
         texts: list[str] = []
         images: list[int] = []
         for i in missing:
-            text, n_images = counted(messages[i])
+            text, n_images = counted[i] if counted is not None else count_of(messages[i])
             texts.append(text)
             images.append(n_images)
         counts = self.counter.count_texts(texts)

@@ -155,9 +155,6 @@ class AnthropicDialect(Dialect):
                 texts.append(text)
         return "\n".join(texts), images
 
-    def text_of(self, message: Any) -> str:
-        return self.counted_text(message)[0]
-
     def text_message(self, text: str, role: str = "user") -> Any:
         return {"role": role, "content": [{"type": "text", "text": text}]}
 

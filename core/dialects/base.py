@@ -119,11 +119,12 @@ class Dialect:
 
     def text_of(self, message: Any) -> str:
         """All verbatim text of the message joined by newlines (for counting, search)."""
-        return "\n".join(p.text for p in self.parts(message) if p.text)
+        return self.counted_text(message)[0]
 
     def counted_text(self, message: Any) -> tuple[str, int]:
-        """What a message's size is counted from: ``text_of`` and the number of image
-        parts. Dialects may answer without building parts (same result, faster)."""
+        """What a message's size is counted from: its text parts joined by newlines (its
+        ``text_of``) and the number of image parts. Dialects may answer without building
+        parts (the same result, faster)."""
         parts = self.parts(message)
         return ("\n".join(p.text for p in parts if p.text),
                 sum(1 for p in parts if p.kind == "image"))

@@ -208,13 +208,21 @@ class _Session:
         self.dialect = dialect
         self.meter = meter
         self.messages = traj.messages
-        measured = meter.measure(self.messages)
+        # each message's text once, for its count and its items (text_of is counted_text's
+        # text unless a dialect overrides text_of)
+        counted = None
+        if isinstance(dialect, Dialect) and type(dialect).text_of is Dialect.text_of:
+            counted = [dialect.counted_text(m) for m in self.messages]
+            texts = [text for text, _ in counted]
+        else:
+            texts = [dialect.text_of(m) for m in self.messages]
+        measured = meter.measure(self.messages, counted)
         self.digests = measured.digests
         self.tokens = measured.tokens
         self.prefix = [0, *itertools.accumulate(self.tokens)]  # prefix[i]: tokens of [:i]
         self.index_of = {id(m): i for i, m in enumerate(self.messages)}
         self.system_tokens = (meter.count_text_message(traj.system) if traj.system else 0)
-        self.items = ItemIndex([dialect.text_of(m) for m in self.messages], traj.system or "")
+        self.items = ItemIndex(texts, traj.system or "")
         starts = split_turns(self.messages, dialect).starts
         self.calls = [s for s in starts if s > 0]
         self.outputs = [self._output_items(s) for s in self.calls]
