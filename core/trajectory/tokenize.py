@@ -342,6 +342,7 @@ class TokenStream:
         self._tail = ""
         self._tail_n = 0
         self._broken: str | None = None
+        self._intact: tuple[int, int] | None = None  # (pieces, ids) before a broken sample
         self._retail(prompt_text, self.prompt_ids)
 
     @classmethod
@@ -459,6 +460,8 @@ class TokenStream:
         old = self._ids_tail()
         if joint_ids != old + ids:
             self._broken = "tokens"
+            if self._text is not None:
+                self._intact = (len(self._text), len(self))
         keep = logprobs is not None and engine_ids is not None and list(engine_ids) == ids
         self._push(ids, 1, logprobs if keep else None)
         self._note(piece)
@@ -477,9 +480,12 @@ class TokenStream:
             self._text.append(piece)
 
     def verify(self) -> None:
-        """With ``verify=True``: assert the ids equal a full encode of the text."""
+        """With ``verify=True``: assert the ids equal a full encode of the text. A piece
+        sampled that does not tokenize as part of the text (its ids are its own encoding,
+        as an engine emits them, and the segment ends after it) is left out of the check."""
         if self._text is None:
             return
-        full = self.tok.encode("".join(self._text))
-        if full != self.prompt_ids + self.response_ids:
+        pieces, n = self._intact if self._intact is not None else (len(self._text), len(self))
+        full = self.tok.encode("".join(self._text[:pieces]))
+        if full != self.ids[:n]:
             raise AssertionError("incremental token stream differs from a full encode")

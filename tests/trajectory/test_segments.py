@@ -157,7 +157,7 @@ def test_leading_newlines_break_at_token_level(tok: ChatTokenizer) -> None:
     first.response[0]["content"] = "\n\nStep 0: listing."
     for _, call in events[1:]:
         call.messages[2] = first.response[0]
-    segs = build_segments(events, tok, verify=False)
+    segs = build_segments(events, tok, verify=True)  # checked up to the newlines sampled
     assert len(segs) == 2 and segs[0].break_reason == "tokens"
 
 
