@@ -1,12 +1,19 @@
 """Export throughput and memory of ``agentcompact export``.
 
 Exports the tau-bench file (200 real episodes, real rewards) with the Qwen2.5 fast
-tokenizer, and compares with the tokenizer's raw batch throughput on the same text
-(``tokenizer(texts)`` over the decoded text of every exported row). Then exports N and 4N
-episodes (the file replicated under new episode ids) in fresh subprocesses and prints the
-peak RSS, which should stay flat: the exporter holds one episode at a time.
+tokenizer and compares it with that tokenizer's raw throughput on exactly the exported
+text: the text of every exported row (its ids decoded; re-encoding it must give the same
+number of tokens) through each batch call the tokenizer has -- ``tokenizer(texts)`` (the
+transformers call), ``backend_tokenizer.encode_batch`` and ``encode_batch_fast`` (no
+character offsets), ids taken out as Python lists -- best time of ``--repeat`` runs each;
+the fastest call is the reference. Both are reported in segments/s and tokens/s, with the
+CPU time (the tokenizer's batch calls run on several threads: on a loaded machine they
+lose that advantage, so the load average is printed too). Then N and 4N episodes (the
+file replicated under new episode ids) are exported in fresh processes and their peak RSS
+printed, which should stay flat: the exporter holds one episode at a time.
 
-    python benchmarks/export_throughput.py [--tokenizer PATH] [--data TAU_JSON] [--n 200]
+    python benchmarks/export_throughput.py [--tokenizer PATH] [--data TAU_JSON]
+                                           [--copies 1] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
@@ -49,39 +58,66 @@ def make_run(data: Path, events: Path, copies: int) -> None:
                 out.write(orjson.dumps(ev) + b"\n")
 
 
-def export_once(events: Path, tokenizer: str, out: Path) -> dict[str, float]:
+def _timed(fn: Callable[[], Any], repeat: int) -> tuple[list[float], list[float], Any]:
+    """Wall and CPU seconds of ``repeat`` calls of ``fn``, and its last result."""
+    walls, cpus, result = [], [], None
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = fn()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return walls, cpus, result
+
+
+def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int) -> dict[str, Any]:
+    """Export ``repeat`` times (fresh folders, the tokenizer loaded once, outside the clock)."""
     from agentcompact.trajectory.export import ExportOptions, export_runs
     from agentcompact.trajectory.tokenize import ChatTokenizer
 
     tok = ChatTokenizer.from_pretrained(tokenizer)
-    t0 = time.perf_counter()
-    manifest = export_runs([events], out, tok, ExportOptions(validate=False))
-    elapsed = time.perf_counter() - t0
+    runs = iter(range(repeat))
+
+    def once() -> dict[str, Any]:
+        return export_runs([events], out / f"run{next(runs)}", tok, ExportOptions(validate=False))
+
+    walls, cpus, manifest = _timed(once, repeat)
     c = manifest["counts"]
-    return {"seconds": elapsed, "segments": c["segments"], "episodes": c["episodes"],
-            "tokens": c["prompt_tokens"] + c["response_tokens"]}
+    return {"walls": walls, "cpus": cpus, "segments": c["segments"], "episodes": c["episodes"],
+            "tokens": c["prompt_tokens"] + c["response_tokens"], "out": out / f"run{repeat - 1}"}
 
 
-def raw_tokenizer(out: Path, tokenizer: str, repeat: int = 3) -> dict[str, float]:
+def raw_tokenizer(out: Path, tokenizer: str, repeat: int) -> dict[str, Any]:
+    """The tokenizer's batch calls on the exported text (see the module docstring)."""
     from transformers import AutoTokenizer
 
-    from agentcompact.trajectory.export import read_export
+    from agentcompact.trajectory.export import iter_export_rows
 
     hf = AutoTokenizer.from_pretrained(tokenizer)
-    texts = [hf.decode(r["prompt_ids"] + r["response_ids"]) for r in read_export(out)]
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        enc = hf(texts)
-        best = min(best, time.perf_counter() - t0)
-    return {"seconds": best, "tokens": sum(len(x) for x in enc["input_ids"])}
+    backend = hf.backend_tokenizer
+    ids = [list(r["prompt_ids"]) + list(r["response_ids"])
+           for shard in iter_export_rows(out) for r in shard]
+    texts = backend.decode_batch(ids, skip_special_tokens=False)
+    calls: dict[str, Callable[[], list[list[int]]]] = {
+        "tokenizer(texts)": lambda: hf(texts, add_special_tokens=False)["input_ids"],
+        "encode_batch": lambda: [e.ids for e in backend.encode_batch(
+            texts, add_special_tokens=False)],
+    }
+    if hasattr(backend, "encode_batch_fast"):
+        calls["encode_batch_fast"] = lambda: [e.ids for e in backend.encode_batch_fast(
+            texts, add_special_tokens=False)]
+    results = {}
+    for name, fn in calls.items():
+        walls, cpus, enc = _timed(fn, repeat)
+        results[name] = {"walls": walls, "cpus": cpus, "tokens": sum(len(x) for x in enc),
+                         "same_ids": enc == ids}
+    return {"rows": len(ids), "calls": results}
 
 
 def child(events: str, tokenizer: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        stats = export_once(Path(events), tokenizer, Path(tmp) / "out")
-    stats["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(stats))
+        stats = export_runs_timed(Path(events), tokenizer, Path(tmp), 1)
+    print(json.dumps({"episodes": stats["episodes"], "segments": stats["segments"],
+                      "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
 def memory(data: Path, tokenizer: str, copies: int) -> dict[str, float]:
@@ -94,28 +130,53 @@ def memory(data: Path, tokenizer: str, copies: int) -> dict[str, float]:
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):.2f} s (runs {min(values):.2f}-{max(values):.2f})"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokenizer", default=str(QWEN))
     p.add_argument("--data", type=Path, default=TAU)
     p.add_argument("--copies", type=int, default=1, help="N = copies x 200 episodes")
+    p.add_argument("--repeat", type=int, default=3, help="timed runs of each measurement")
+    p.add_argument("--no-memory", action="store_true", help="skip the N / 4N memory runs")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child(*args.child)
         return
+    print(f"{os.cpu_count()} CPUs, load average {_load()} (1, 5, 15 min)")
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
         make_run(args.data, events, args.copies)
-        ex = export_once(events, args.tokenizer, Path(tmp) / "out")
-        raw = raw_tokenizer(Path(tmp) / "out", args.tokenizer)
-    ex_tps, raw_tps = ex["tokens"] / ex["seconds"], raw["tokens"] / raw["seconds"]
-    print(f"export: {ex['episodes']:.0f} episodes, {ex['segments']:.0f} segments, "
-          f"{ex['tokens']:.0f} tokens in {ex['seconds']:.2f} s -> "
-          f"{ex['segments'] / ex['seconds']:.1f} segments/s, {ex_tps:,.0f} tokens/s")
-    print(f"raw tokenizer(texts) on the same text: {raw['tokens']:.0f} tokens in "
-          f"{raw['seconds']:.2f} s -> {raw_tps:,.0f} tokens/s")
-    print(f"ratio export / raw tokenizer: {ex_tps / raw_tps:.2f} (target >= 0.5)")
+        ex = export_runs_timed(events, args.tokenizer, Path(tmp), args.repeat)
+        raw = raw_tokenizer(ex["out"], args.tokenizer, args.repeat)
+    n_seg, n_tok = ex["segments"], ex["tokens"]
+    best = min(ex["walls"])
+    print(f"export: {ex['episodes']} episodes, {n_seg} segments, {n_tok} tokens in "
+          f"{_span(ex['walls'])}, CPU {min(ex['cpus']):.2f} s -> {n_seg / best:.1f} "
+          f"segments/s, {n_tok / best:,.0f} tokens/s")
+    fastest = None
+    for name, r in raw["calls"].items():
+        t = min(r["walls"])
+        same = "" if r["tokens"] == n_tok and r["same_ids"] else " (DIFFERENT ids!)"
+        print(f"raw {name:<18} on the exported text: {r['tokens']} tokens in {_span(r['walls'])}"
+              f", CPU {min(r['cpus']):.2f} s -> {raw['rows'] / t:.1f} segments/s, "
+              f"{r['tokens'] / t:,.0f} tokens/s, ratio export/raw {t / best:.2f}{same}")
+        if fastest is None or t < min(raw["calls"][fastest]["walls"]):
+            fastest = name
+    assert fastest is not None
+    ref = raw["calls"][fastest]
+    print(f"ratio export / raw tokenizer (fastest batch call, {fastest}): "
+          f"{min(ref['walls']) / best:.2f} tokens/s (target >= 0.5); CPU time ratio "
+          f"{min(ref['cpus']) / min(ex['cpus']):.2f}; load average now {_load()}")
+    if args.no_memory:
+        return
     small = memory(args.data, args.tokenizer, args.copies)
     big = memory(args.data, args.tokenizer, 4 * args.copies)
     print(f"peak RSS: N={small['episodes']:.0f} episodes {small['max_rss_mib']:.0f} MiB; "
