@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agentcompact.errors import TokenizerError
 from agentcompact.events import ModelCall
 from agentcompact.trajectory.segments import build_segments
 from agentcompact.trajectory.tokenize import ChatTokenizer, TokenStream, tail_text, to_chat_messages
@@ -295,3 +296,20 @@ def test_prefetched_inputs_are_the_texts_the_stream_encodes(tok: ChatTokenizer) 
     assert len(rec.seen) == before  # everything came from the prefetched batch
     assert streams[0].ids == streams[1].ids and streams[0].mask == streams[1].mask
     streams[0].verify()
+
+
+def test_render_shortcut_keeps_jinja_semantics_and_the_sandbox() -> None:
+    template = (
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}|{{ m.missing is defined }}|"
+        "{{ m.get('content') }}|{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}"
+        "{{ loop.index }}{% endfor %}{% for t in tools or [] %}{{ t.function.name }}"
+        "{% endfor %}")
+    tok = _tokenizer(template)
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    assert tok.render(chat, tools) == tok.hf.apply_chat_template(chat, tools=tools,
+                                                                   tokenize=False)
+    for unsafe in ("{{ messages[0].update({'role': 'x'}) }}",
+                   "{{ messages[0].__class__.__mro__ }}"):
+        with pytest.raises(TokenizerError, match="chat template failed"):
+            _tokenizer(unsafe).render(chat)
