@@ -4,7 +4,9 @@ as a multiple of the floor — tokenizing those sessions once with tiktoken (o20
     TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/replay_speed.py [--repeat 5]
 
 Prints the floor, the replay times and their ratios to the floor (best of ``--repeat`` runs,
-interleaved so machine load hits both alike). Loading the files, loading the tiktoken
+interleaved so machine load hits both alike), and the median and range of the ratios of
+each run to the floor measured just before it (a load burst moves single pairs, not the
+median). Loading the files, loading the tiktoken
 encoding and the plugin manager happen before timing. The floor is the text extraction
 (``dialect.text_of``) plus ``encode_ordinary`` of every message; the pure encode time is
 printed too. ``--profile`` writes a cProfile of one replay to ``replay_speed.prof``.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -77,6 +80,7 @@ def main() -> int:
         runs["+cliffcompaction"] = [*ours, "cliffcompaction"]
     best_floor = best_encode = float("inf")
     best = dict.fromkeys(runs, float("inf"))
+    paired: dict[str, list[float]] = {name: [] for name in runs}
     timed_replay(trajs[:1], ["none"], args.trigger)  # warm imports and caches of the code
     for _ in range(args.repeat):
         f, e = floor(trajs, dialect, counter)
@@ -84,7 +88,9 @@ def main() -> int:
         for name, strategies in runs.items():
             if name.startswith("+") and _ > 0:
                 continue  # the peer is slow: once is enough
-            best[name] = min(best[name], timed_replay(trajs, strategies, args.trigger))
+            seconds = timed_replay(trajs, strategies, args.trigger)
+            best[name] = min(best[name], seconds)
+            paired[name].append(seconds / f)
     tokens = sum(counter.count_texts([dialect.text_of(m) for t in trajs for m in t.messages]))
     calls = sum(1 for t in trajs for _ in t.messages if _.get("role") == "assistant")
     print(f"sessions: 3 Claude Code sessions, {tokens:,} tokens, {calls} assistant messages; "
@@ -92,7 +98,12 @@ def main() -> int:
     print(f"floor (text + tiktoken encode, once): {best_floor * 1000:.0f} ms "
           f"(encode alone {best_encode * 1000:.0f} ms)")
     for name, seconds in best.items():
-        print(f"replay [{name}]: {seconds * 1000:.0f} ms = {seconds / best_floor:.2f}x floor")
+        ratios = sorted(paired[name])
+        spread = (f"; per run {statistics.median(ratios):.2f}x median "
+                  f"({ratios[0]:.2f}-{ratios[-1]:.2f}x, {len(ratios)} runs)"
+                  if len(ratios) > 1 else "")
+        print(f"replay [{name}]: {seconds * 1000:.0f} ms = {seconds / best_floor:.2f}x floor"
+              f"{spread}")
     if not peer:
         print("cliffcompaction not installed: peer not timed")
     if args.profile:

@@ -92,12 +92,19 @@ class AnthropicDialect(Dialect):
             return "tool"
         return str(role)
 
+    def is_model_output(self, message: Any) -> bool:
+        # role() differs from the "role" field only for user messages ("tool")
+        return str(message.get("role", "")) == "assistant"
+
     @staticmethod
     def _only_results(message: Any) -> bool:
         content = message.get("content")
         if not isinstance(content, list) or not content:
             return False
-        return all(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+        for block in content:
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                return False
+        return True
 
     def tool_call_ids(self, message: Any) -> tuple[str, ...]:
         content = message.get("content")

@@ -125,6 +125,8 @@ def test_stores_without_a_version_give_the_same_results(name: str) -> None:
 EDGE = {
     "anthropic": [
         {"role": "user", "content": ""},
+        {"role": None, "content": "x"},
+        {"content": [{"type": "tool_result", "tool_use_id": "w", "content": "r"}]},
         {"role": "user", "content": None},
         {"role": "user", "content": [
             {"type": "image", "source": {}}, {"type": "document", "source": {}},
@@ -164,6 +166,7 @@ EDGE = {
 
 @pytest.mark.parametrize("name", DIALECTS)
 def test_counted_text_is_the_text_and_images_of_the_parts(name: str) -> None:
+    """... and ``is_model_output`` is ``role == "assistant"`` (dialects answer directly)."""
     dialect = engine(name).dialect
     for message in [*build(name, PLAN), *EDGE[name]]:
         parts = dialect.parts(message)
@@ -172,3 +175,4 @@ def test_counted_text_is_the_text_and_images_of_the_parts(name: str) -> None:
         assert dialect.counted_text(message) == expected
         assert Dialect.counted_text(dialect, message) == expected
         assert dialect.text_of(message) == expected[0]
+        assert dialect.is_model_output(message) == (dialect.role(message) == "assistant")
