@@ -160,6 +160,12 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_DICT_NAMES = frozenset(dir(dict))
+#: ``loop.*`` values (no methods, no underscore): the sandbox allows them all
+_LOOP_VALUES = frozenset({"index", "index0", "revindex", "revindex0", "first", "last",
+                          "length", "depth", "depth0", "previtem", "nextitem"})
+
+
 def _compile(template: str) -> Any:
     """The template compiled the way transformers compiles it (sandboxed jinja), or
     ``None`` to render through ``apply_chat_template``.
@@ -168,22 +174,28 @@ def _compile(template: str) -> Any:
     globals) whose attribute lookup takes a shortcut for ``message.role`` on a plain dict:
     the sandbox first tries a Python attribute of that name, failing with an exception,
     before the key; half of a render's time. The result is the same: names that are
-    attributes of ``dict`` (``items``, ``__class__``...) still go through the sandbox.
+    attributes of ``dict`` (``items``, ``__class__``...) still go through the sandbox, and
+    of ``loop`` only its plain values (``loop.index0``...) skip the sandbox's checks.
     """
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
     except ImportError:  # transformers moved its private helper: use the public API
         return None
+    from jinja2.runtime import LoopContext
+
     env = _compile_jinja_template(template).environment.overlay()
     sandboxed = env.getattr
     undefined = env.undefined
 
     def getattr_(obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and not hasattr(dict, attribute):
+        kind = type(obj)
+        if kind is dict and attribute not in _DICT_NAMES:
             try:
                 return obj[attribute]
             except KeyError:
                 return undefined(obj=obj, name=attribute)
+        if kind is LoopContext and attribute in _LOOP_VALUES:
+            return getattr(obj, attribute)  # what the sandbox returns for these
         return sandboxed(obj, attribute)
 
     env.getattr = getattr_

@@ -302,7 +302,9 @@ def test_render_shortcut_keeps_jinja_semantics_and_the_sandbox() -> None:
     template = (
         "{% for m in messages %}{{ m.role }}:{{ m.content }}|{{ m.missing is defined }}|"
         "{{ m.get('content') }}|{% for k, v in m.items() %}{{ k }}={{ v }};{% endfor %}"
-        "{{ loop.index }}{% endfor %}{% for t in tools or [] %}{{ t.function.name }}"
+        "{{ loop.index }}{{ loop.first }}{{ loop.last }}{{ loop.length }}{{ loop.previtem }}"
+        "{{ loop.nextitem is defined }}{{ loop.cycle(1, 2) }}{% endfor %}"
+        "{% for t in tools or [] %}{{ t.function.name }}"
         "{% endfor %}")
     tok = _tokenizer(template)
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
