@@ -240,8 +240,8 @@ class Engine:
         self.episode_id = episode_id
         self._lock = threading.RLock()
         self._last_view: _View | None = None
-        # the last prefix-store lookup: (store version, n, chain key of n, hit length)
-        self._scan: tuple[int, int, str, int] | None = None
+        # the last prefix-store lookup: (store, its version, n, chain key of n, hit length)
+        self._scan: tuple[Any, int, int, str, int] | None = None
         self._by_json = type(self.dialect).digest is Dialect.digest
         self._fixed_cache: dict[str, int] = {}
 
@@ -638,14 +638,15 @@ class Engine:
         lengths the previous lookup found empty are skipped while the store's version and
         the history up to them are unchanged (same answer: nothing was put since).
         """
-        get = self.store.get
+        store = self.store
+        get = store.get
         chain = view.chain
-        version = getattr(self.store, "version", None)
+        version = getattr(store, "version", None)
         low = 0
         memo = self._scan
-        if (version is not None and memo is not None and memo[0] == version
-                and 0 < memo[1] <= n and chain[memo[1] - 1] == memo[2]):
-            low = memo[1]
+        if (version is not None and memo is not None and memo[0] is store
+                and memo[1] == version and 0 < memo[2] <= n and chain[memo[2] - 1] == memo[3]):
+            low = memo[2]
         found: PrefixEntry | None = None
         at = 0
         for i in range(n, low, -1):
@@ -655,7 +656,7 @@ class Engine:
                 break
         else:
             if low:
-                hit = memo[3]  # type: ignore[index]
+                hit = memo[4]  # type: ignore[index]
                 if hit:
                     entry = get(chain[hit - 1])
                     if entry is not None and entry.cut == hit and entry.head_len <= hit:
@@ -664,7 +665,7 @@ class Engine:
                         self._scan = None
                         return self._lookup(view, n)
         if version is not None and n:
-            self._scan = (version, n, chain[n - 1], at)
+            self._scan = (store, version, n, chain[n - 1], at)
         return found
 
     def _should_compact(self, view: _View, state: _State, n: int) -> bool:

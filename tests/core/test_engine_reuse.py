@@ -100,6 +100,22 @@ def test_an_entry_put_by_another_engine_is_found_at_prefixes_already_checked(
     assert outcome(seen)[0] == outcome(done)[0] and seen.tokens_after == done.tokens_after
 
 
+@pytest.mark.parametrize("name", DIALECTS)
+def test_a_store_swapped_in_is_asked_about_every_prefix(name: str) -> None:
+    msgs = build(name, PLAN)
+    worker_store = InMemoryPrefixStore()
+    done = engine(name, store=worker_store).compact(msgs)
+    assert done.compacted
+    first = InMemoryPrefixStore()
+    for k in range(worker_store.version):  # the same version number, other entries
+        first.put(f"unrelated-{k}", PrefixEntry(0, 1, None, 0, "cliff"))
+    watcher = engine(name, trigger=10**7, store=first)
+    assert not watcher.compact(msgs).modified
+    watcher.store = worker_store
+    seen = watcher.compact(msgs)
+    assert seen.modified and seen.tokens_after == done.tokens_after
+
+
 class DictStore:
     """A plain prefix store without a ``version``: every lookup checks every prefix."""
 
