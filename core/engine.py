@@ -612,9 +612,9 @@ class Engine:
             else:
                 todo = [i for i, s in enumerate(same, k) if not s]
                 m = self.meter.measure([msgs[i] for i in todo])
-                measured = iter(zip(m.digests, m.tokens))
+                remeasured = iter(zip(m.digests, m.tokens))
                 for i, s in enumerate(same, k):
-                    d, t = (last.digests[i], last.tokens[i]) if s else next(measured)
+                    d, t = (last.digests[i], last.tokens[i]) if s else next(remeasured)
                     digests.append(d)
                     tokens.append(t)
         if len(msgs) > len(digests):

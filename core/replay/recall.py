@@ -44,7 +44,7 @@ them the same way on every run.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -116,9 +116,9 @@ def _classify(words: Collection[bytes]) -> None:
 
 
 def _add_word_items(items: dict[str, str], words: list[bytes],
-                    salient: dict[bytes, Classified]) -> None:
-    for hit in map(salient.__getitem__, filter(salient.__contains__, words)):
-        items.setdefault(*hit)  # type: ignore[misc]  # salient maps to non-None hits only
+                    salient: Mapping[bytes, tuple[str, str]]) -> None:
+    for item, kind in map(salient.__getitem__, filter(salient.__contains__, words)):
+        items.setdefault(item, kind)
 
 
 def _command(raw: str) -> str:

@@ -324,7 +324,7 @@ class _Accountant:
             toks.extend(map(s.tokens.__getitem__, found))  # type: ignore[arg-type]
             return keys, toks, set(found), written  # type: ignore[arg-type]
         kept = set(found)
-        kept.discard(None)  # type: ignore[arg-type]
+        kept.discard(None)
         start = 0
         for j in _positions(found, None):  # messages the strategy wrote: few, measured once
             keys.extend(map(s.digests.__getitem__, found[start:j]))  # type: ignore[arg-type]
