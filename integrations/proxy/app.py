@@ -49,7 +49,7 @@ from .bodies import BodyCache, Parsed, encode
 from .config import ProxyConfig
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
-from .relay import BufferedResponse, RelayResponse, _cancel_on_disconnect
+from .relay import BufferedResponse, RelayResponse, until_disconnect
 from .upstream import UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
 from .wire import (
     ANTHROPIC,
@@ -324,23 +324,16 @@ class CompactionProxy:
         a client that leaves first cancels the upstream request (status 499)."""
         send = self.client.send(request.method, self._upstream_url(request),
                                 request_headers(request.headers.raw), content)
-        result: UpstreamResponse | None = None
-        error: UpstreamError | None = None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_cancel_on_disconnect, request.receive, tg.cancel_scope)
-            try:
-                result = await send
-            except UpstreamError as exc:
-                error = exc
-            tg.cancel_scope.cancel()
-        if error is not None:
+        try:
+            answered, result = await until_disconnect(send, request.receive)
+        except UpstreamError as error:
             log.warning("upstream unreachable: %s %s: %s", request.method,
                         request.scope["path"], error)
             body = error_body(dialect, 502, f"agentcompact proxy: upstream unreachable: {error}",
                               code="upstream_unreachable")
             return BufferedResponse(502, [(b"content-type", b"application/json")],
                                     orjson.dumps(body))
-        if result is None:  # cancelled: the client disconnected before the answer began
+        if not answered or result is None:  # the client left before the answer began
             log.info("client left before the upstream answered: %s %s (request cancelled)",
                      request.method, request.scope["path"])
             return BufferedResponse(499, [], b"")
