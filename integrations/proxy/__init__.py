@@ -16,7 +16,7 @@ Needs the ``proxy`` extra (starlette, uvicorn, aiohttp; httptools and uvloop, wh
 from __future__ import annotations
 
 from ..threaded_server import ThreadedServer
-from .app import CompactionProxy, EnginePool, create_app
+from .app import CompactionProxy, EnginePool, ProxyApp, create_app
 from .config import DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_OPENAI_UPSTREAM, ProxyConfig
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_OPENAI_UPSTREAM",
     "CompactionProxy",
     "EnginePool",
+    "ProxyApp",
     "ProxyConfig",
     "ThreadedServer",
     "create_app",

@@ -64,7 +64,7 @@ from .wire import (
     session_key,
 )
 
-__all__ = ["CompactionProxy", "create_app"]
+__all__ = ["CompactionProxy", "ProxyApp", "create_app"]
 
 log = logging.getLogger("agentcompact.proxy")
 
@@ -75,6 +75,7 @@ _OFFLOOP_BYTES = 128 * 1024
 #: per-session message cache of the token meter (bounds memory held per engine)
 _METER_ENTRIES = 8192
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_STATUS_PATH = "/agentcompact/status"
 
 
 @dataclass
@@ -142,7 +143,7 @@ class EnginePool:
 
 
 class CompactionProxy:
-    """The proxy's state and request handling; ``create_app`` wraps it in Starlette."""
+    """The proxy's state and request handling; ``create_app`` wraps it in an ASGI app."""
 
     def __init__(self, config: ProxyConfig, *, plugins: pluggy.PluginManager | None = None,
                  store: PrefixStore | None = None) -> None:
@@ -428,9 +429,29 @@ def _register_recorder(pm: pluggy.PluginManager, run_dir: str) -> Any:
     return recorder
 
 
+class ProxyApp:
+    """The proxy's ASGI app. Proxied requests are handled directly, without a router or
+    middleware wrapping every ``send`` (a streamed answer is relayed in dozens of sends);
+    lifespan, the status page and methods outside ``_METHODS`` go through Starlette.
+    ``state`` is the Starlette app's (``app.state.proxy`` is the ``CompactionProxy``)."""
+
+    def __init__(self, proxy: CompactionProxy, starlette: Starlette) -> None:
+        self.proxy = proxy
+        self.starlette = starlette
+        self.state = starlette.state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if (scope["type"] != "http" or scope["path"] == _STATUS_PATH
+                or scope["method"] not in _METHODS):
+            await self.starlette(scope, receive, send)
+            return
+        response = await self.proxy.handle(Request(scope, receive))
+        await response(scope, receive, send)
+
+
 def create_app(config: ProxyConfig | None = None, *, plugins: pluggy.PluginManager | None = None,
-               store: PrefixStore | None = None) -> Starlette:
-    """The proxy as a Starlette app (its state is ``app.state.proxy``).
+               store: PrefixStore | None = None) -> ProxyApp:
+    """The proxy as an ASGI app (its state is ``app.state.proxy``).
 
     :param config: settings (default: ``ProxyConfig.from_env()``).
     :param plugins: plugin manager (default: the process-wide one).
@@ -448,8 +469,8 @@ def create_app(config: ProxyConfig | None = None, *, plugins: pluggy.PluginManag
             await proxy.aclose()
 
     app = Starlette(routes=[
-        Route("/agentcompact/status", proxy.status, methods=["GET"]),
+        Route(_STATUS_PATH, proxy.status, methods=["GET"]),
         Route("/{path:path}", proxy.handle, methods=_METHODS),
     ], lifespan=lifespan)
     app.state.proxy = proxy
-    return app
+    return ProxyApp(proxy, app)

@@ -111,7 +111,8 @@ class RelayResponse:
                     "headers": response_headers(raw, keep_length=left is not None)})
         tee = self.tee
         ended = False
-        async for chunk in self.upstream.iter_chunks():
+        next_chunk = self.upstream.next_chunk
+        while chunk := await next_chunk():
             if tee is not None:
                 tee(chunk)
             if left is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -40,15 +40,16 @@ class UpstreamResponse:
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._r = response
+        self._content = response.content
         self.status_code = response.status
         self.raw_headers: Sequence[tuple[bytes, bytes]] = response.raw_headers
         self.headers = response.headers
 
-    async def iter_chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (transfer coding removed, content coding kept)."""
+    async def next_chunk(self) -> bytes:
+        """The body bytes that have arrived since the last call, waiting for some if none
+        has (transfer coding removed, content coding kept); ``b""`` at the end."""
         try:
-            async for chunk in self._r.content.iter_any():
-                yield chunk
+            return await self._content.readany()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise UpstreamDropped(f"{type(exc).__name__}: {exc}") from exc
 
