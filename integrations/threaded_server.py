@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import uvicorn
 
@@ -23,7 +23,7 @@ class ThreadedServer:
     ``lifespan="on"`` (the proxy: its upstream client is closed at shutdown) or ``"off"``."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
-                 lifespan: str = "on", name: str = "agentcompact-proxy",
+                 lifespan: Literal["auto", "on", "off"] = "on", name: str = "agentcompact-proxy",
                  start_timeout_s: float = _START_TIMEOUT_S) -> None:
         config = uvicorn.Config(app, host=host, port=port, log_config=None,
                                 log_level="warning", access_log=False, http="h11", ws="none",

@@ -292,10 +292,9 @@ class BodyCache:
         """``raw`` parsed (as ``orjson.loads`` would), reusing an earlier request's message
         objects for the messages it shares byte for byte. Raises what ``orjson`` raises for
         a body that does not parse. ``match``: the result of ``lookup``, if already known."""
-        if match is True or match is False:
-            match = self._candidate(raw, key)
-        prev = match[0] if match is not None else None
-        parsed = _extend(prev, raw, match[1]) if match is not None else None
+        found = self._candidate(raw, key) if match is True or match is False else match
+        prev = found[0] if found is not None else None
+        parsed = _extend(found[0], found[1], raw) if found is not None else None
         if parsed is None:
             parsed = _full(raw, key)
             self.misses += 1
@@ -342,7 +341,7 @@ class BodyCache:
                 self._bytes -= len(dropped.raw)
 
 
-def _extend(prev: Parsed, raw: bytes, array: int) -> Parsed | None:
+def _extend(prev: Parsed, array: int, raw: bytes) -> Parsed | None:
     """``raw`` parsed reusing ``prev``'s messages (the array at ``array`` in ``raw`` starts
     with all of their bytes); ``None`` when anything is off (the caller parses in full)."""
     key = prev.key
