@@ -1,22 +1,33 @@
 """Added latency of the agentcompact proxy vs CliffCompaction's proxy, side by side.
 
 One local upstream (``agentcompact.integrations.upstream_sim``, answering instantly), and
-in front of it both proxies, each served by uvicorn (h11) on loopback in its own process,
-so no server shares a GIL with another or with the measuring client. A session grows by one
-turn per step; at every step the same request body goes directly to the upstream, through
-agentcompact and through CliffCompaction (order rotated), so each proxy's *added* latency is
-paired with a direct call of the same step. Two regimes per size:
+in front of it a bare relay and both proxies, each served by uvicorn on loopback in its own
+process, so no server shares a GIL with another or with the measuring client. Every server
+of a run gets the same uvicorn settings; by default the whole run is done twice:
+
+- ``h11/asyncio``: uvicorn's pure-Python parser and loop (what plain ``uvicorn`` gives,
+  e.g. ``pip install cliffcompaction``);
+- ``httptools/uvloop``: what ``agentcompact[proxy]`` installs and ``agentcompact proxy``
+  serves with (uvicorn picks them when installed; CliffCompaction's CLI would too).
+
+A session grows by one turn per step; at every step the same request body goes directly
+to the upstream and through each server (order rotated), so each server's *added* latency
+is paired with a direct call of the same step. Two regimes per size:
 
 - ``under``: trigger far above the size: no compaction, the pure cost of a proxy that
   parses, measures and forwards;
 - ``over``: trigger below the size: the session is compacted once (warm-up), then every
-  step substitutes the stored compacted prefix (the steady state between cliffs).
+  step substitutes the stored compacted prefix (the steady state between cliffs; the
+  proxies send the upstream a smaller body than the direct call, so their "added"
+  latency can be below the hop's or negative).
 
-Also time to first streamed byte (TTFB) direct vs through each proxy. Prints p50s and
-ratios; no assertions (benchmarks print, tests assert).
+``relay`` is a reference hop: a bare Starlette + httpx relay with no parsing (the stack
+both proxies were built on; CliffCompaction still is). Also time to first streamed byte
+(TTFB) direct vs through each proxy. Prints p50s and ratios; no assertions (benchmarks
+print, tests assert).
 
     TIKTOKEN_CACHE_DIR=... python benchmarks/proxy_latency.py [--sizes 50000,200000]
-        [--steps 30] [--warmup 3]
+        [--steps 30] [--warmup 3] [--servers h11,fast]
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from agentcompact.integrations.proxy import ProxyConfig, create_app  # noqa: E40
 from agentcompact.integrations.upstream_sim import UpstreamSim, filler_text  # noqa: E402
 
 TURN_TOKENS = 1000
+SERVERS_DEFAULT = ("h11", "asyncio")
 MODEL = "sim-model"
 
 
@@ -101,34 +113,79 @@ def app_for(role: str, upstream: str, trigger: int) -> Any:
 
 
 def bare_relay(upstream: str) -> Any:
-    """The floor: the same HTTP hop (uvicorn in, httpx out, raw relay back) with no parsing."""
+    """A reference floor: the generic hop both proxies were built on (Starlette in, httpx
+    out, raw relay back) with no parsing, independent of either product's code."""
+    import httpx
     from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    from agentcompact.integrations.proxy import CompactionProxy
-
-    proxy = CompactionProxy(ProxyConfig(anthropic_upstream=upstream, openai_upstream=upstream,
-                                        log_requests=False))
+    client = httpx.AsyncClient(base_url=upstream, timeout=120)
+    drop = {"host", "content-length", "connection", "accept-encoding", "transfer-encoding"}
 
     async def forward(request: Any) -> Any:
-        return await proxy._passthrough(request, await request.body())
+        headers = [(k, v) for k, v in request.headers.raw if k.decode() not in drop]
+        sent = client.build_request(request.method, request.url.path,
+                                    headers=headers, content=await request.body())
+        response = await client.send(sent, stream=True)
+        keep = [(k, v) for k, v in response.headers.raw
+                if k.decode().lower() not in ("content-length", "transfer-encoding",
+                                              "connection")]
+
+        async def body() -> Any:
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            finally:
+                await response.aclose()
+
+        return StreamingResponse(body(), status_code=response.status_code,
+                                 headers={k.decode(): v.decode() for k, v in keep})
 
     return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
 
 
-def serve_role(role: str, port: int, upstream: str, trigger: int) -> None:
+CPU_PATH = "/__bench/cpu"
+
+
+def with_cpu_probe(app: Any) -> Any:
+    """``app``, plus ``GET /__bench/cpu``: this process's CPU time so far (all threads, in
+    seconds). CPU per request does not depend on what else the machine runs, unlike
+    wall-clock latency; it is what the added latency comes down to on a quiet machine."""
+
+    async def probed(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == CPU_PATH:
+            body = repr(time.process_time()).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return probed
+
+
+def cpu_s(client: httpx.Client) -> float:
+    return float(client.get(CPU_PATH).text)
+
+
+def serve_role(role: str, port: int, upstream: str, trigger: int, http: str, loop: str
+               ) -> None:
     """Child process body: serve one role with the same uvicorn settings for all."""
     import logging
 
     import uvicorn
 
     logging.getLogger("cliffcompaction").setLevel(logging.WARNING)
-    uvicorn.run(app_for(role, upstream, trigger), host="127.0.0.1", port=port,
-                log_level="warning", access_log=False, http="h11", lifespan="on")
+    uvicorn.run(with_cpu_probe(app_for(role, upstream, trigger)), host="127.0.0.1", port=port,
+                log_level="warning", access_log=False, http=http, loop=loop, lifespan="on")
 
 
 class Role:
     """One server in its own process (no GIL shared with the client or the other servers)."""
+
+    #: uvicorn's HTTP parser and event loop, the same for every server of a run
+    http, loop = SERVERS_DEFAULT
 
     def __init__(self, role: str, upstream: str = "", trigger: int = 0) -> None:
         with socket.socket() as sock:
@@ -137,7 +194,8 @@ class Role:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve", role, "--port",
                                       str(self.port), "--upstream", upstream,
-                                      "--trigger", str(trigger)])
+                                      "--trigger", str(trigger), "--http", self.http,
+                                      "--loop", self.loop])
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -172,8 +230,11 @@ def run_regime(upstream: str, size: int, regime: str, steps: int, warmup: int
     full = history(n0 + warmup + steps)
     total: dict[str, list[float]] = {k: [] for k in urls}
     ttfb: dict[str, list[float]] = {k: [] for k in urls}
+    cpu: dict[str, float] = {}
     try:
         for step in range(warmup + steps):
+            if step == warmup:
+                cpu = {k: cpu_s(clients[k]) for k in servers}
             messages = full[: 1 + 2 * (n0 + step)]
             plain, streamed = body(messages, False), body(messages, True)
             k = step % len(urls)
@@ -184,6 +245,7 @@ def run_regime(upstream: str, size: int, regime: str, steps: int, warmup: int
                     elapsed = _measure(fn, clients[name], content)
                     if step >= warmup:
                         passes[name].append(elapsed)
+        cpu = {k: (cpu_s(clients[k]) - cpu[k]) / (2 * steps) for k in servers}
     finally:
         for c in clients.values():
             c.close()
@@ -195,6 +257,7 @@ def run_regime(upstream: str, size: int, regime: str, steps: int, warmup: int
         first = [p - d for p, d in zip(ttfb[name], ttfb["direct"], strict=True)]
         out[f"{name}_added_p50_ms"] = p50_ms(added)
         out[f"{name}_ttfb_delta_p50_ms"] = p50_ms(first)
+        out[f"{name}_cpu_ms"] = cpu[name] * 1000
     out["direct_p50_ms"] = p50_ms(total["direct"])
     out["direct_ttfb_p50_ms"] = p50_ms(ttfb["direct"])
     return out
@@ -205,41 +268,82 @@ def _measure(fn: Callable[[httpx.Client, bytes], float], client: httpx.Client,
     return fn(client, content)
 
 
+SERVERS = {"h11": ("h11", "asyncio"), "fast": ("httptools", "uvloop")}
+
+
+def work_p50_ms(size: int, regime: str, steps: int, warmup: int) -> float:
+    """The agentcompact proxy's own work per request, in process and without HTTP: the
+    benchmark's session (plain and streamed body each step) through the proxy's request
+    preparation (parse what is new, session key, engine, encode). The rest of ``ours+``
+    is the HTTP hop."""
+    from agentcompact.integrations.proxy.app import CompactionProxy, _Plan
+    from agentcompact.integrations.proxy.observe import ExchangeLog
+
+    n0 = size // TURN_TOKENS
+    trigger = size * 4 if regime == "under" else int(size * 0.8)
+    proxy = CompactionProxy(ProxyConfig(trigger=trigger, log_requests=False))
+    full = history(n0 + warmup + steps)
+    times: list[float] = []
+    for step in range(warmup + steps):
+        for stream in (False, True):
+            raw = body(full[: 1 + 2 * (n0 + step)], stream)
+            t0 = time.perf_counter()
+            plan = _Plan("anthropic", raw, raw, ExchangeLog("/v1/messages", "anthropic"))
+            proxy._prepare_sync(plan, {}, None)
+            if step >= warmup:
+                times.append(time.perf_counter() - t0)
+    return p50_ms(times)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sizes", default="50000,200000", help="request sizes in tokens")
     parser.add_argument("--steps", type=int, default=30, help="measured steps per regime")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured first steps")
     parser.add_argument("--regimes", default="under,over")
+    parser.add_argument("--servers", default="h11,fast",
+                        help="uvicorn settings, one run each, the same for every server: "
+                             "h11 (h11/asyncio), fast (httptools/uvloop)")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", help=argparse.SUPPRESS)
     parser.add_argument("--trigger", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--http", help=argparse.SUPPRESS)
+    parser.add_argument("--loop", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve_role(args.serve, args.port, args.upstream, args.trigger)
+        serve_role(args.serve, args.port, args.upstream, args.trigger, args.http, args.loop)
         return 0
-    print(f"{'size':>7} {'regime':>6} | {'direct':>7} | {'relay+':>7} {'ours+':>7} "
-          f"{'cliff+':>7} {'ratio':>6} {'ratio-net':>9} | {'TTFB direct':>11} {'ours Δ':>7} "
-          f"{'cliff Δ':>7}")
-    upstream = Role("sim")
-    try:
-        for size in (int(s) for s in args.sizes.split(",")):
-            for regime in args.regimes.split(","):
-                r = run_regime(upstream.base_url, size, regime, args.steps, args.warmup)
-                ours, cliff, floor = (r[f"{k}_added_p50_ms"] for k in ("ours", "cliff", "relay"))
-                net = (ours - floor) / (cliff - floor) if cliff > floor else float("nan")
-                print(f"{size:>7} {regime:>6} | {r['direct_p50_ms']:7.2f} | {floor:7.2f} "
-                      f"{ours:7.2f} {cliff:7.2f} {ours / cliff:6.3f} {net:9.3f} | "
-                      f"{r['direct_ttfb_p50_ms']:11.2f} "
-                      f"{r['ours_ttfb_delta_p50_ms']:7.2f} {r['cliff_ttfb_delta_p50_ms']:7.2f}",
-                      flush=True)
-    finally:
-        upstream.stop()
-    print("ms, p50 over paired steps. relay+/ours+/cliff+ = added latency vs direct (relay: the "
-          "bare HTTP hop, no parsing); ratio = ours+/cliff+ (target <= 0.2); ratio-net = "
-          "(ours+ - relay+)/(cliff+ - relay+), the work beyond forwarding; "
-          "Δ = TTFB through the proxy minus direct (target <= 5 ms)")
+    print(f"{'server':>16} {'size':>7} {'regime':>6} | {'direct':>7} | {'relay+':>7} "
+          f"{'ours+':>7} {'cliff+':>7} {'ratio':>6} | {'TTFB direct':>11} {'ours Δ':>7} "
+          f"{'cliff Δ':>7} | {'CPU relay':>9} {'ours':>6} {'cliff':>6} {'ratio':>6} | "
+          f"{'work':>5}")
+    for server in args.servers.split(","):
+        Role.http, Role.loop = SERVERS[server]
+        label = f"{Role.http}/{Role.loop}"
+        upstream = Role("sim")
+        try:
+            for size in (int(s) for s in args.sizes.split(",")):
+                for regime in args.regimes.split(","):
+                    r = run_regime(upstream.base_url, size, regime, args.steps, args.warmup)
+                    work = work_p50_ms(size, regime, args.steps, args.warmup)
+                    ours, cliff, floor = (r[f"{k}_added_p50_ms"]
+                                          for k in ("ours", "cliff", "relay"))
+                    print(f"{label:>16} {size:>7} {regime:>6} | {r['direct_p50_ms']:7.2f} | "
+                          f"{floor:7.2f} {ours:7.2f} {cliff:7.2f} {ours / cliff:6.3f} | "
+                          f"{r['direct_ttfb_p50_ms']:11.2f} "
+                          f"{r['ours_ttfb_delta_p50_ms']:7.2f} "
+                          f"{r['cliff_ttfb_delta_p50_ms']:7.2f} | {r['relay_cpu_ms']:9.2f} "
+                          f"{r['ours_cpu_ms']:6.2f} {r['cliff_cpu_ms']:6.2f} "
+                          f"{r['ours_cpu_ms'] / r['cliff_cpu_ms']:6.3f} | {work:5.2f}",
+                          flush=True)
+        finally:
+            upstream.stop()
+    print("ms, p50 over paired steps. relay+/ours+/cliff+ = added latency vs direct (relay: a "
+          "bare Starlette+httpx hop, no parsing); ratio = ours+/cliff+ (target <= 0.2); "
+          "Δ = TTFB through the proxy minus direct (target <= 5 ms); CPU = the server "
+          "process's CPU time per request (all threads), ratio = ours/cliff; work = ours' "
+          "own per-request work in process (parse, measure, compact/encode), no HTTP")
     return 0
 
 
