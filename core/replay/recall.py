@@ -44,6 +44,7 @@ them the same way on every run.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -94,9 +95,9 @@ _words: dict[bytes, Classified] = {}  # word -> (item, kind) or None; shared, bo
 _WORDS_MAX = 1_000_000
 
 
-def _words_of(text: str) -> list[bytes]:
+def _words_of(text: str) -> dict[bytes, None]:
     """The distinct words of ``text`` (runs of ``_WORD``'s class), in order of appearance."""
-    return list(dict.fromkeys(text.encode("utf-8", "surrogatepass").translate(_SPLIT).split()))
+    return dict.fromkeys(text.encode("utf-8", "surrogatepass").translate(_SPLIT).split())
 
 
 def _classify(words: Collection[bytes]) -> None:
@@ -115,7 +116,7 @@ def _classify(words: Collection[bytes]) -> None:
             _words[m.group(0)] = (item.decode("ascii"), kind)
 
 
-def _add_word_items(items: dict[str, str], words: list[bytes],
+def _add_word_items(items: dict[str, str], words: Iterable[bytes],
                     salient: Mapping[bytes, tuple[str, str]]) -> None:
     for item, kind in map(salient.__getitem__, filter(salient.__contains__, words)):
         items.setdefault(item, kind)
@@ -229,13 +230,14 @@ class ItemIndex:
         _classify(vocabulary)
         salient = {w: hit for w in vocabulary if (hit := _words[w]) is not None}
         self.items: list[dict[str, str]] = []
-        self.postings: dict[str, list[int]] = {}
+        postings: defaultdict[str, list[int]] = defaultdict(list)
         for i, (text, words) in enumerate(zip(texts, word_lists)):
             items = _line_items(text) if text else {}
             _add_word_items(items, words, salient)
             self.items.append(items)
             for item in items:
-                self.postings.setdefault(item, []).append(i)
+                postings[item].append(i)
+        self.postings: dict[str, list[int]] = dict(postings)
         self.always: frozenset[str] = frozenset(extract_items(always))
         self._written: dict[str, frozenset[str]] = {}
 
