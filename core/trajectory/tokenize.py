@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +211,12 @@ def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
     return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
+#: text between hard tokens this long is encoded once and reused (``encode_batch``)
+_CHUNK_CHARS = 1024
+_CHUNKS = 256  # at most this many chunks, holding at most _CHUNK_IDS ids in all
+_CHUNK_IDS = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class _Hard:
     """Special tokens that always split the text (no lstrip/rstrip, not normalized)."""
@@ -241,6 +248,9 @@ class ChatTokenizer:
         self.hard = self._hard_tokens()
         self._template_kwargs = dict(tokenizer.special_tokens_map)
         self._compiled = _compile(str(tokenizer.chat_template))
+        self._chunks: OrderedDict[str, list[int]] = OrderedDict()  # see encode_batch
+        self._chunk_ids = 0
+        self._reuse = self._splits_at_hard_tokens()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike[str]) -> ChatTokenizer:
@@ -287,10 +297,91 @@ class ChatTokenizer:
         first, second = self.encode_batch([a, b])
         return first, second
 
+    def _splits_at_hard_tokens(self) -> bool:
+        """Whether ``encode(a + H + b) == encode(a) + [H] + encode(b)`` for every hard token
+        ``H`` on probe strings (the property ``TokenStream`` relies on; a tokenizer that
+        prepends a space to the first word only fails it)."""
+        if self.hard.pattern is None:
+            return False
+        probes = [("a\n", "\nb"), (" x ", " y\n\n"), ("word", "word"), ("\n", " ")]
+        for tid in self.hard.ids:
+            h = self.hf.convert_ids_to_tokens(tid)
+            for a, b in probes:
+                got = self._plain([a + h + b, a, b])
+                if got[0] != got[1] + [tid] + got[2]:
+                    return False
+        return True
+
+    def _plain(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._encode_batch(texts, add_special_tokens=False)]
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """``[encode(t) for t in texts]`` in one call: the Rust side runs them on its
-        threads, and skips the character offsets when it can (``encode_batch_fast``)."""
-        return [e.ids for e in self._encode_batch(list(texts), add_special_tokens=False)]
+        threads, and skips the character offsets when it can (``encode_batch_fast``).
+
+        Text between two hard special tokens of at least ``_CHUNK_CHARS`` characters (a
+        system prompt, tool definitions, a long tool output) is encoded once and its ids
+        kept (the last ``_CHUNKS`` such chunks, ``_CHUNK_IDS`` ids at most): every episode
+        of a run repeats its system prompt in its first prompt, and a segment starting
+        after a break repeats the conversation so far. Exact, since hard tokens split the
+        text before anything else (checked on probes when the tokenizer is loaded;
+        otherwise nothing is reused).
+        """
+        texts = list(texts)
+        if not self._reuse or not any(len(t) >= 2 * _CHUNK_CHARS for t in texts):
+            return self._plain(texts)
+        batch: list[str] = []
+        plans: list[list[list[int] | int]] = []  # per text: ids, or a position in batch
+        fresh: dict[str, int] = {}  # long chunks to encode -> position in batch
+        for text in texts:
+            plan: list[list[int] | int] = []
+            for part, long in self._parts(text):
+                ids = self._chunks.get(part) if long else None
+                if ids is not None:
+                    self._chunks.move_to_end(part)
+                    plan.append(ids)
+                elif long and part in fresh:
+                    plan.append(fresh[part])
+                else:
+                    if long:
+                        fresh[part] = len(batch)
+                    plan.append(len(batch))
+                    batch.append(part)
+            plans.append(plan)
+        encoded = self._plain(batch)
+        for part, at in fresh.items():
+            self._chunks[part] = encoded[at]
+            self._chunk_ids += len(encoded[at])
+            while len(self._chunks) > _CHUNKS or self._chunk_ids > _CHUNK_IDS:
+                self._chunk_ids -= len(self._chunks.popitem(last=False)[1])
+        out = []
+        for plan in plans:
+            ids: list[int] = []
+            for item in plan:
+                ids.extend(encoded[item] if isinstance(item, int) else item)
+            out.append(ids)
+        return out
+
+    def _parts(self, text: str) -> list[tuple[str, bool]]:
+        """``text`` cut at hard tokens into (part, long) in order: each chunk between two
+        hard tokens of ``_CHUNK_CHARS`` or more on its own (long), the rest in runs."""
+        assert self.hard.pattern is not None
+        parts: list[tuple[str, bool]] = []
+        run = start = 0  # the current run starts at ``run``; the current chunk at ``start``
+        for match in self.hard.pattern.finditer(text):
+            if match.start() - start >= _CHUNK_CHARS:
+                if start > run:
+                    parts.append((text[run:start], False))
+                parts.append((text[start:match.start()], True))
+                run = match.start()
+            start = match.end()
+        if len(text) - start >= _CHUNK_CHARS:
+            if start > run:
+                parts.append((text[run:start], False))
+            parts.append((text[start:], True))
+        elif len(text) > run:
+            parts.append((text[run:], False))
+        return parts
 
     def render(
         self,

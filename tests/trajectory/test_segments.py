@@ -315,3 +315,33 @@ def test_render_shortcut_keeps_jinja_semantics_and_the_sandbox() -> None:
                    "{{ messages[0].__class__.__mro__ }}"):
         with pytest.raises(TokenizerError, match="chat template failed"):
             _tokenizer(unsafe).render(chat)
+
+
+class _PlainRecorder(ChatTokenizer):
+    """Records the texts that reach the tokenizer's batch call."""
+
+    def __init__(self, *args: Any) -> None:
+        self.sent: list[str] = []
+        super().__init__(*args)
+
+    def _plain(self, texts: list[str]) -> list[list[int]]:
+        self.sent.extend(texts)
+        return super()._plain(texts)
+
+
+def test_long_chunks_between_special_tokens_are_encoded_once(tok: ChatTokenizer) -> None:
+    rec = _PlainRecorder(tok.hf, "rec")
+    assert rec._reuse  # the Qwen tokenizer splits exactly at its special tokens
+    system = "You are an airline agent.\n" + "Policy: be careful with refunds. " * 80
+
+    def prompt(task: str) -> str:
+        return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{task}"
+                f"<|im_end|>\n<|im_start|>assistant\n")
+
+    texts = [prompt("Cancel my flight."), prompt("  leading spaces\n\n"), system, "short"]
+    plain = [tok.hf(t, add_special_tokens=False)["input_ids"] for t in texts]
+    assert rec.encode_batch(texts) == plain
+    rec.sent.clear()
+    assert rec.encode(prompt("Book a hotel.")) == tok.hf(
+        prompt("Book a hotel."), add_special_tokens=False)["input_ids"]
+    assert not any(system in t for t in rec.sent)  # reused, not encoded again
