@@ -6,7 +6,9 @@ text: the text of every exported row (its ids decoded; re-encoding it must give 
 number of tokens) through each batch call the tokenizer has -- ``tokenizer(texts)`` (the
 transformers call), ``backend_tokenizer.encode_batch`` and ``encode_batch_fast`` (no
 character offsets), ids taken out as Python lists -- best time of ``--repeat`` runs each;
-the fastest call is the reference. Both are reported in segments/s and tokens/s, with the
+the fastest call is the reference. The export is also timed without its reuse of the ids
+of repeated text (the system prompt every episode starts with), which the raw calls
+tokenize again for every row. Both are reported in segments/s and tokens/s, with the
 CPU time (the tokenizer's batch calls run on several threads: on a loaded machine they
 lose that advantage, so the load average is printed too). Then N and 4N episodes (the
 file replicated under new episode ids) are exported in fresh processes and their peak RSS
@@ -69,21 +71,28 @@ def _timed(fn: Callable[[], Any], repeat: int) -> tuple[list[float], list[float]
     return walls, cpus, result
 
 
-def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int) -> dict[str, Any]:
-    """Export ``repeat`` times (fresh folders, the tokenizer loaded once, outside the clock)."""
+def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int,
+                      reuse: bool = True) -> dict[str, Any]:
+    """Export ``repeat`` times (fresh folders, the tokenizer loaded once, outside the clock).
+    ``reuse=False``: without the reuse of repeated chunks' ids (``ChatTokenizer``)."""
     from agentcompact.trajectory.export import ExportOptions, export_runs
     from agentcompact.trajectory.tokenize import ChatTokenizer
 
     tok = ChatTokenizer.from_pretrained(tokenizer)
+    if not reuse:
+        tok._reuse = False
     runs = iter(range(repeat))
+    tag = "" if reuse else "-noreuse"
 
     def once() -> dict[str, Any]:
-        return export_runs([events], out / f"run{next(runs)}", tok, ExportOptions(validate=False))
+        return export_runs([events], out / f"run{next(runs)}{tag}", tok,
+                           ExportOptions(validate=False))
 
     walls, cpus, manifest = _timed(once, repeat)
     c = manifest["counts"]
     return {"walls": walls, "cpus": cpus, "segments": c["segments"], "episodes": c["episodes"],
-            "tokens": c["prompt_tokens"] + c["response_tokens"], "out": out / f"run{repeat - 1}"}
+            "tokens": c["prompt_tokens"] + c["response_tokens"],
+            "out": out / f"run{repeat - 1}{tag}"}
 
 
 def raw_tokenizer(out: Path, tokenizer: str, repeat: int) -> dict[str, Any]:
@@ -155,12 +164,16 @@ def main() -> None:
         events = Path(tmp) / "events.jsonl"
         make_run(args.data, events, args.copies)
         ex = export_runs_timed(events, args.tokenizer, Path(tmp), args.repeat)
+        plain = export_runs_timed(events, args.tokenizer, Path(tmp), args.repeat, reuse=False)
         raw = raw_tokenizer(ex["out"], args.tokenizer, args.repeat)
     n_seg, n_tok = ex["segments"], ex["tokens"]
     best = min(ex["walls"])
     print(f"export: {ex['episodes']} episodes, {n_seg} segments, {n_tok} tokens in "
           f"{_span(ex['walls'])}, CPU {min(ex['cpus']):.2f} s -> {n_seg / best:.1f} "
           f"segments/s, {n_tok / best:,.0f} tokens/s")
+    print(f"export without reusing the ids of repeated text (the system prompt every "
+          f"episode starts with): {_span(plain['walls'])}, CPU {min(plain['cpus']):.2f} s -> "
+          f"{n_tok / min(plain['walls']):,.0f} tokens/s")
     fastest = None
     for name, r in raw["calls"].items():
         t = min(r["walls"])
@@ -174,7 +187,9 @@ def main() -> None:
     ref = raw["calls"][fastest]
     print(f"ratio export / raw tokenizer (fastest batch call, {fastest}): "
           f"{min(ref['walls']) / best:.2f} tokens/s (target >= 0.5); CPU time ratio "
-          f"{min(ref['cpus']) / min(ex['cpus']):.2f}; load average now {_load()}")
+          f"{min(ref['cpus']) / min(ex['cpus']):.2f}; without reuse "
+          f"{min(ref['walls']) / min(plain['walls']):.2f} (CPU "
+          f"{min(ref['cpus']) / min(plain['cpus']):.2f}); load average now {_load()}")
     if args.no_memory:
         return
     small = memory(args.data, args.tokenizer, args.copies)
