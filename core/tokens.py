@@ -72,7 +72,8 @@ class TiktokenCounter:
         self.name = f"tiktoken:{encoding}"
         # The token ids as one native buffer instead of a list of Python ints (what
         # ``encode_to_numpy`` uses): the same encoding, no int objects to build and free.
-        self._buffer = getattr(self._enc._core_bpe, "encode_to_tiktoken_buffer", None)
+        self._buffer = getattr(getattr(self._enc, "_core_bpe", None),
+                               "encode_to_tiktoken_buffer", None)
 
     def count_texts(self, texts: Sequence[str]) -> list[int]:
         if len(texts) > 16 and sum(map(len, texts)) > 1_000_000:
