@@ -13,6 +13,7 @@ looked up once per upstream host: aiohttp's own ``trust_env`` re-reads them, and
 from __future__ import annotations
 
 import asyncio
+import ssl
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
@@ -71,6 +72,19 @@ class UpstreamResponse:
             self._r.close()
 
 
+def _ssl_context() -> ssl.SSLContext:
+    """The system's CA store (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` honoured) plus certifi's
+    bundle when installed (what httpx trusts), so either kind of set-up verifies."""
+    context = ssl.create_default_context()
+    try:
+        import certifi
+
+        context.load_verify_locations(certifi.where())
+    except (ImportError, OSError):
+        pass
+    return context
+
+
 class UpstreamClient:
     """A keep-alive connection pool to the upstreams, created in the serving event loop."""
 
@@ -94,8 +108,8 @@ class UpstreamClient:
         return self._proxy_for[key]
 
     def _open(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60,
-                                         ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15,
+                                         ttl_dns_cache=300, ssl=_ssl_context())
         timeout = aiohttp.ClientTimeout(total=None, connect=None,
                                         sock_connect=self.connect_timeout,
                                         sock_read=self.read_timeout)

@@ -307,3 +307,25 @@ def test_codex_backend_path_is_compacted_as_responses(start_proxy: ProxyFactory)
     forwarded = seen["body"]["input"]
     assert len(forwarded) < len(items)
     validate(forwarded, get_dialect("openai_responses"))
+
+
+async def cookie_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An upstream that sets a cookie and echoes the request's cookie header."""
+    while (await receive()).get("more_body"):
+        pass
+    cookie = dict(scope["headers"]).get(b"cookie", b"")
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"set-cookie", b"upstream-session=secret; Path=/"),
+                            (b"content-length", str(len(cookie)).encode())]})
+    await send({"type": "http.response.body", "body": cookie})
+
+
+def test_upstream_cookies_are_relayed_but_never_replayed(start_proxy: ProxyFactory) -> None:
+    with serve(cookie_app) as provider:  # a host name: cookie jars skip bare IP hosts
+        proxy = start_proxy(openai_upstream=provider.base_url.replace("127.0.0.1",
+                                                                      "localhost"))
+        first = post(proxy, "/v1/models", b"")
+        second = post(proxy, "/v1/models", b"")  # another client: no cookie of its own
+    assert first.headers["set-cookie"].startswith("upstream-session=")
+    assert first.headers["content-length"] == "0"  # the upstream's length, not re-chunked
+    assert (first.content, second.content) == (b"", b"")
