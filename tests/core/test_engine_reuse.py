@@ -75,6 +75,25 @@ def test_fresh_copies_with_edits_match_an_engine_starting_from_scratch(name: str
 
 
 @pytest.mark.parametrize("name", DIALECTS)
+def test_same_objects_shrunk_and_branched_match_an_engine_starting_from_scratch(
+        name: str) -> None:
+    msgs = build(name, PLAN)
+    ours = engine(name)
+    points = call_points(msgs, ours.dialect)
+    half = points[len(points) // 2]
+    swapped = list(msgs)
+    swapped[half // 2] = copy.deepcopy(msgs[half // 2])  # equal content, another object
+    edited = list(msgs)
+    edited[3] = {**msgs[3], "extra": "a changed message, same position"}
+    histories = [msgs[:c] for c in points[: len(points) // 2 + 1]]
+    histories += [msgs[: half - 2], msgs[:half], swapped[:half], edited[:half], msgs[:3], msgs]
+    scratch_store = InMemoryPrefixStore()
+    for ctx in histories:
+        fresh = engine(name, store=scratch_store)
+        assert outcome(ours.compact(ctx)) == outcome(fresh.compact(list(ctx)))
+
+
+@pytest.mark.parametrize("name", DIALECTS)
 def test_same_objects_and_fresh_copies_give_the_same_results(name: str) -> None:
     msgs = build(name, PLAN)
     by_object, by_copy = engine(name), engine(name)
