@@ -85,6 +85,7 @@ def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int,
     tag = "" if reuse else "-noreuse"
 
     def once() -> dict[str, Any]:
+        tok.clear_reuse()  # every run starts cold, as one `agentcompact export` does
         return export_runs([events], out / f"run{next(runs)}{tag}", tok,
                            ExportOptions(validate=False))
 

@@ -362,6 +362,11 @@ class ChatTokenizer:
             out.append(ids)
         return out
 
+    def clear_reuse(self) -> None:
+        """Forget the ids of long chunks kept by ``encode_batch`` (benchmarks: a cold start)."""
+        self._chunks.clear()
+        self._chunk_ids = 0
+
     def _parts(self, text: str) -> list[tuple[str, bool]]:
         """``text`` cut at hard tokens into (part, long) in order: each chunk between two
         hard tokens of ``_CHUNK_CHARS`` or more on its own (long), the rest in runs."""

@@ -345,3 +345,7 @@ def test_long_chunks_between_special_tokens_are_encoded_once(tok: ChatTokenizer)
     assert rec.encode(prompt("Book a hotel.")) == tok.hf(
         prompt("Book a hotel."), add_special_tokens=False)["input_ids"]
     assert not any(system in t for t in rec.sent)  # reused, not encoded again
+    rec.clear_reuse()
+    assert rec.encode(prompt("Book a hotel.")) == tok.hf(
+        prompt("Book a hotel."), add_special_tokens=False)["input_ids"]
+    assert any(system in t for t in rec.sent)
