@@ -34,7 +34,7 @@ from llama_index.core.base.llms.types import (
     ToolCallBlock,
 )
 from llama_index.core.instrumentation import (  # type: ignore[attr-defined]  # re-exported
-    get_dispatcher,                             # without __all__; its documented import path
+    get_dispatcher,  # without __all__; its documented import path
 )
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent

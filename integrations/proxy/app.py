@@ -209,7 +209,8 @@ class CompactionProxy:
             if self.engines.is_async:
                 self._parse(plan, headers)
                 if plan.engine is not None and plan.messages is not None:
-                    plan.result = await plan.engine.acompact(plan.messages)
+                    plan.result = await plan.engine.acompact(plan.messages,
+                                                              fixed_tokens=_fixed(plan))
                     self._apply(plan)
             elif not self._prepare_sync(plan, headers, _OFFLOOP_BYTES):
                 # more to parse, or a compaction likely: off the event loop
@@ -238,7 +239,7 @@ class CompactionProxy:
             if (limit is not None and len(plan.raw) > limit
                     and not self.engines.quiet(engine, new_bytes)):
                 return False
-            plan.result = engine.compact(plan.messages)
+            plan.result = engine.compact(plan.messages, fixed_tokens=_fixed(plan))
             self.engines.sent_tokens[engine] = plan.result.tokens_after
             self._apply(plan)
         return True
@@ -365,10 +366,12 @@ class CompactionProxy:
         assert plan.engine is not None and plan.messages is not None and plan.body is not None
         try:
             if self.engines.is_async:
-                result = await plan.engine.acompact(plan.messages, force=True)
+                result = await plan.engine.acompact(plan.messages, force=True,
+                                                    fixed_tokens=_fixed(plan))
             else:
                 result = await anyio.to_thread.run_sync(
-                    lambda: plan.engine.compact(plan.messages, force=True))  # type: ignore[union-attr]
+                    lambda: plan.engine.compact(  # type: ignore[union-attr]
+                        plan.messages, force=True, fixed_tokens=_fixed(plan)))
             retry = self._encode(plan, result.messages)
         except Exception as exc:
             log.exception("reactive compaction failed; returning the provider's error")
@@ -429,48 +432,55 @@ def _register_recorder(pm: pluggy.PluginManager, run_dir: str) -> Any:
     return recorder
 
 
-class ProxyApp:
-    """The proxy's ASGI app. Proxied requests are handled directly, without a router or
-    middleware wrapping every ``send`` (a streamed answer is relayed in dozens of sends);
-    lifespan, the status page and methods outside ``_METHODS`` go through Starlette.
-    ``state`` is the Starlette app's (``app.state.proxy`` is the ``CompactionProxy``)."""
+def _fixed(plan: _Plan) -> int:
+    """Tokens the request spends besides its messages (system, instructions, tools): they
+    count against the budget like the messages do (Claude Code sends ~15k tokens of tools)."""
+    if plan.engine is None or not isinstance(plan.body, dict):
+        return 0
+    return plan.engine.fixed_tokens(plan.body)
 
-    def __init__(self, proxy: CompactionProxy, starlette: Starlette) -> None:
+
+class ProxyApp(Starlette):
+    """The proxy's Starlette app. It declares every route (the status page, and every
+    other path handled by :meth:`CompactionProxy.handle`), runs the lifespan and serves
+    the status page and methods outside ``_METHODS`` through Starlette's router and
+    middleware; a proxied request is dispatched straight to the handler, without the
+    router and middleware wrapping every ``send`` (a streamed answer is relayed in
+    dozens of sends). ``app.state.proxy`` is the ``CompactionProxy``."""
+
+    def __init__(self, proxy: CompactionProxy) -> None:
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            try:
+                yield
+            finally:
+                await proxy.aclose()
+
+        super().__init__(routes=[
+            Route(_STATUS_PATH, proxy.status, methods=["GET"]),
+            Route("/{path:path}", proxy.handle, methods=_METHODS),
+        ], lifespan=lifespan)
         self.proxy = proxy
-        self.starlette = starlette
-        self.state = starlette.state
+        self.state.proxy = proxy
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (scope["type"] != "http" or scope["path"] == _STATUS_PATH
                 or scope["method"] not in _METHODS):
-            await self.starlette(scope, receive, send)
+            await super().__call__(scope, receive, send)
             return
+        scope["app"] = self
         response = await self.proxy.handle(Request(scope, receive))
         await response(scope, receive, send)
 
 
 def create_app(config: ProxyConfig | None = None, *, plugins: pluggy.PluginManager | None = None,
                store: PrefixStore | None = None) -> ProxyApp:
-    """The proxy as an ASGI app (its state is ``app.state.proxy``).
+    """The proxy as a Starlette app (its state is ``app.state.proxy``).
 
     :param config: settings (default: ``ProxyConfig.from_env()``).
     :param plugins: plugin manager (default: the process-wide one).
     :param store: the prefix store shared by the engines (default: in-memory LRU); pass a
         shared store to run several workers.
     """
-    proxy = CompactionProxy(config if config is not None else ProxyConfig.from_env(),
-                            plugins=plugins, store=store)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            await proxy.aclose()
-
-    app = Starlette(routes=[
-        Route(_STATUS_PATH, proxy.status, methods=["GET"]),
-        Route("/{path:path}", proxy.handle, methods=_METHODS),
-    ], lifespan=lifespan)
-    app.state.proxy = proxy
-    return ProxyApp(proxy, app)
+    return ProxyApp(CompactionProxy(config if config is not None else ProxyConfig.from_env(),
+                                    plugins=plugins, store=store))

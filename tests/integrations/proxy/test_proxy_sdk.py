@@ -106,6 +106,28 @@ def test_prefix_is_byte_stable_between_cliffs(claude: anthropic.Anthropic,
     assert cliffs >= 1 and stable >= 10
 
 
+def test_system_and_tools_count_against_the_budget(claude: anthropic.Anthropic,
+                                                  upstream: Upstream) -> None:
+    """The proxy's trigger is 3,000 chars/4 tokens. Messages alone stay under it; with a
+    system prompt and tools of ~1,500 tokens the request as a whole is over, so the proxy
+    compacts, and what the upstream receives, tools included, fits the trigger."""
+    history = anthropic_history(8, result_tokens=150)
+    tools = [{"name": f"tool_{i}", "description": "Reads things. " * 40,
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}
+             for i in range(10)]
+    system = "You are a careful coding agent. " * 30
+    assert len(orjson.dumps(history)) // 4 < 3000 < len(
+        orjson.dumps(history) + orjson.dumps(tools) + system.encode()) // 4
+    claude.messages.create(model=MODEL, max_tokens=64, messages=history)
+    assert upstream.requests[-1].body["messages"] == history  # alone: under the trigger
+    claude.messages.create(model=MODEL, max_tokens=64, messages=history, tools=tools,
+                           system=system)
+    body = upstream.requests[-1].body
+    assert body["tools"] == tools and body["system"] == system
+    assert len(body["messages"]) < len(history)
+    validate(body["messages"], get_dialect("anthropic"))
+
+
 def test_small_request_is_forwarded_untouched(claude: anthropic.Anthropic,
                                               upstream: Upstream) -> None:
     history = anthropic_history(2)

@@ -124,3 +124,18 @@ def test_sse_parsing_and_truncated_stream() -> None:
     got = reassemble("anthropic", cut, streamed=True)
     assert got.response == [{"role": "assistant", "content": [{"type": "text", "text": "hi"}]}]
     assert not got.complete and got.model == "m"
+
+
+def test_create_app_is_a_starlette_app_with_the_proxy_routes() -> None:
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from agentcompact import new_plugin_manager
+    from agentcompact.integrations.proxy import create_app
+
+    app = create_app(ProxyConfig(log_requests=False), plugins=new_plugin_manager())
+    assert isinstance(app, Starlette)
+    assert [route.path for route in app.routes] == ["/agentcompact/status", "/{path:path}"]
+    with TestClient(app) as client:  # lifespan runs; the status page goes through Starlette
+        status = client.get("/agentcompact/status").json()
+    assert status["requests"] == 0
