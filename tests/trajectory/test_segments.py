@@ -349,3 +349,18 @@ def test_long_chunks_between_special_tokens_are_encoded_once(tok: ChatTokenizer)
     assert rec.encode(prompt("Book a hotel.")) == tok.hf(
         prompt("Book a hotel."), add_special_tokens=False)["input_ids"]
     assert any(system in t for t in rec.sent)
+
+
+def test_template_raising_on_a_window_renders_in_full() -> None:
+    """A template that checks the conversation's shape (here: the message after the system
+    prompt is the user's) raises on every window; the export falls back to full renders."""
+    tok = _tokenizer(
+        "{% if messages|length > 1 and messages[1].role != 'user' %}"
+        "{{ raise_exception('the first message after the system prompt must be the user') }}"
+        "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\\n{{ m.content }}"
+        "<|im_end|>\\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n"
+        "{% endif %}")
+    events = agent_loop("e", 12)
+    segs = build_segments(events, tok, verify=True)
+    _same(segs, build_segments(events, tok, window=False, verify=True))
+    assert len(segs) == 1 and segs[0].num_calls == 12
