@@ -11,17 +11,30 @@ group and a small per-episode index):
    advantages and written. Segments of an episode and episodes of a group are contiguous,
    and a shard is only cut at a group boundary, so every shard can be read on its own.
 
+With ``ExportOptions(workers=N)`` the episodes of pass 2 are read, segmented and turned
+into rows by N worker processes, a few episodes per worker sent ahead of the one being
+written, and written by this process in the same order: the output does not depend on N.
+
 Output folder: ``segments-NNNNN.parquet`` (or ``.jsonl``), ``episodes.parquet`` (or
 ``.jsonl``) and ``manifest.json``; ``validate_export(folder)`` re-reads and checks it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import logging
+import multiprocessing
 import os
+import pickle
+import signal
+import sys
+import warnings
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,7 +61,10 @@ from .tokenize import ChatTokenizer
 __all__ = [
     "ADVANTAGES",
     "DEFAULT_MASKED_STOP_REASONS",
+    "MAX_AUTO_WORKERS",
     "ExportOptions",
+    "available_cpus",
+    "default_start_method",
     "export_runs",
     "iter_export_rows",
     "read_export",
@@ -67,7 +83,13 @@ class ExportOptions:
     """How to export. ``advantage``: one of ``ADVANTAGES``; the GAE modes use V = 0 (no
     critic) with ``gamma``/``lam`` and are not whitened (the trainer whitens per batch).
     ``summary_trained`` overrides ``SummaryCall.trained``. Episodes whose stop reason is in
-    ``mask_stop_reasons`` get ``mask_episode`` (zero loss)."""
+    ``mask_stop_reasons`` get ``mask_episode`` (zero loss).
+
+    ``workers``: processes that read, segment and tokenize episodes (the output is the same
+    for any value); ``None``: the available CPUs, at most ``MAX_AUTO_WORKERS``, and fewer
+    for a small export (one per 8 episodes when forking, per 64 otherwise); ``1``: all in
+    this process. ``start_method``: the ``multiprocessing`` start method of the workers;
+    ``None``: ``default_start_method()`` (``fork`` on Linux)."""
 
     fmt: str = "parquet"
     advantage: str = "grpo"
@@ -81,6 +103,8 @@ class ExportOptions:
     verify_tokens: bool = False
     progress: bool = False
     validate: bool = True
+    workers: int | None = None
+    start_method: str | None = None
 
     def check(self) -> None:
         if self.fmt not in ("parquet", "jsonl"):
@@ -92,6 +116,11 @@ class ExportOptions:
         unknown = set(self.mask_stop_reasons) - STOP_REASONS
         if unknown:
             raise ConfigError(f"mask_stop_reasons: unknown stop reasons {sorted(unknown)}")
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"workers must be >= 1 (or None: automatic), got {self.workers}")
+        methods = multiprocessing.get_all_start_methods()
+        if self.start_method is not None and self.start_method not in methods:
+            raise ConfigError(f"start_method {self.start_method!r}: choose one of {methods}")
 
 
 # ----------------------------------------------------------------- pass 1: the index
@@ -204,24 +233,85 @@ _DECODERS = {"model_call": ModelCall, "compaction": CompactionEvent, "summary_ca
 
 
 def _episode_items(
-    index: _Index, files: Sequence[BinaryIO], ep: _Episode
+    ctx: _Context, spans: Sequence[tuple[int, int, int, int]]
 ) -> Iterator[tuple[str, Any]]:
-    for log, offset, length, line in ep.spans:
-        ev = read_event_at(files[log], index.logs[log], offset, length, line)
+    for log, offset, length, line in spans:
+        ev = read_event_at(ctx.file(log), ctx.logs[log], offset, length, line)
         decoder = _DECODERS.get(ev.kind)
         if decoder is None:
             continue
         try:
             yield ev.kind, decoder.from_dict(ev.data)  # type: ignore[attr-defined]
         except TypeError as exc:
-            raise TrajectoryError(f"{index.logs[log]}:{line}: bad {ev.kind} event: {exc}"
+            raise TrajectoryError(f"{ctx.logs[log]}:{line}: bad {ev.kind} event: {exc}"
                                   ) from exc
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What one episode's work needs besides the logs, tokenizer and options: small, so it
+    is cheap to send to a worker process."""
+
+    episode_id: str
+    group_id: str
+    spans: list[tuple[int, int, int, int]]  # (log, offset, length, line) of its events
+    outcome: _Outcome
+    advantage: float | None  # the episode's advantage (grpo / drgrpo / rloo), else None
+
+
+@dataclass
+class _Done:
+    """One episode's rows (token fields as NumPy arrays), its episode-table row, what the
+    manifest counts of it, and the log records a worker process emitted for it."""
+
+    rows: list[dict[str, Any]]
+    episode: dict[str, Any]
+    calls: int
+    compactions: int
+    breaks: list[str]
+    incomplete: bool
+    records: list[logging.LogRecord] = field(default_factory=list)
+
+
+class _Context:
+    """The logs (opened by this process, on first use), tokenizer and options an episode
+    is exported with: one in the exporting process, or one per worker process."""
+
+    def __init__(self, logs: Sequence[Path], tok: ChatTokenizer, opts: ExportOptions) -> None:
+        self.logs, self.tok, self.opts = list(logs), tok, opts
+        self._files: dict[int, BinaryIO] = {}
+
+    def file(self, log: int) -> BinaryIO:
+        f = self._files.get(log)
+        if f is None:
+            f = self._files[log] = open(self.logs[log], "rb")  # noqa: SIM115 - see close()
+        return f
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+def _export_episode(ctx: _Context, job: _Job) -> _Done:
+    """Read one episode's events back, cut them into segments and build its rows."""
+    opts = ctx.opts
+    items = list(_episode_items(ctx, job.spans))
+    segs = build_segments(items, ctx.tok, summary_trained=opts.summary_trained,
+                          verify=opts.verify_tokens, keep_messages=opts.keep_messages)
+    adv = {} if job.advantage is None else {job.episode_id: job.advantage}
+    rows = _with_advantages(_rows(job, segs, ctx.tok, opts), adv, opts)
+    compactions = sum(1 for kind, _ in items if kind == "compaction")
+    return _Done(rows, _episode_row(rows, segs, compactions),
+                 calls=sum(s.num_calls for s in segs), compactions=compactions,
+                 breaks=[s.break_reason for s in segs if s.break_reason],
+                 incomplete=job.outcome.incomplete)
+
+
 def _rows(
-    ep: _Episode, segs: list[Segment], outcome: _Outcome, tok: ChatTokenizer,
-    opts: ExportOptions,
+    job: _Job, segs: list[Segment], tok: ChatTokenizer, opts: ExportOptions
 ) -> list[dict[str, Any]]:
+    outcome = job.outcome
     k = len(segs)
     loss_tokens = sum(sum(s.response_mask) for s in segs)
     masked = outcome.stop_reason in opts.mask_stop_reasons or outcome.incomplete
@@ -232,8 +322,8 @@ def _rows(
         last = i == k - 1
         n = len(s.response_ids)
         rows.append({
-            "schema_version": SCHEMA_VERSION, "group_id": ep.group_id,
-            "episode_id": ep.episode_id, "sample_index": outcome.sample_index,
+            "schema_version": SCHEMA_VERSION, "group_id": job.group_id,
+            "episode_id": job.episode_id, "sample_index": outcome.sample_index,
             "segment_index": i, "num_segments": k, "is_last_segment": last,
             # token-level fields as NumPy arrays of the Arrow types (written in one piece)
             "prompt_ids": np.array(s.prompt_ids, dtype=np.int32),
@@ -278,6 +368,198 @@ def _episode_row(rows: Sequence[Mapping[str, Any]], segs: Sequence[Segment],
         "max_working_context": max(s.working_context for s in segs),
         "policy_version": max(s.policy_version for s in segs),
     }
+
+
+# ----------------------------------------------------------------- worker processes
+
+#: ``ExportOptions(workers=None)``: the CPUs this process may run on, at most this many,
+MAX_AUTO_WORKERS = 8
+#: and at most one worker per this many episodes (a small export stays in-process): a
+#: forked worker starts in milliseconds, a spawned one imports transformers and unpickles
+#: the tokenizer first (1-2 s of CPU each)
+_EPISODES_PER_WORKER = {"fork": 8, "forkserver": 64, "spawn": 64}
+#: episodes sent ahead per worker (results are written in order: this bounds what waits)
+_AHEAD = 2
+
+_worker: _Context | None = None  # a worker process's context (set by _init_worker)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _workers(opts: ExportOptions, episodes: int, start_method: str) -> int:
+    if opts.workers is not None:
+        return min(opts.workers, max(1, episodes))
+    per = _EPISODES_PER_WORKER.get(start_method, 64)
+    return max(1, min(available_cpus(), MAX_AUTO_WORKERS, episodes // per))
+
+
+class _Capture(logging.Handler):
+    """A worker's log records, kept to be handled by the exporting process in episode
+    order (so they reach its handlers, ``caplog`` included, as in-process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.msg, record.args = record.getMessage(), None  # args may not pickle
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        self.records.append(record)
+
+
+def _init_worker(logs: list[Path], tok: ChatTokenizer, opts: ExportOptions,
+                 levels: dict[str, int], disable: int) -> None:
+    """Per worker process, once: its context, and its logging routed to ``_Capture``."""
+    global _worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the exporting process stops us
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(_Capture())
+    for name, level in levels.items():
+        logging.getLogger(name or None).setLevel(level)
+    logging.disable(disable)
+    _worker = _Context(logs, tok, opts)
+
+
+def _run_job(job: _Job) -> _Done:
+    """In a worker process: ``_export_episode`` with its log records attached."""
+    assert _worker is not None, "worker not initialized"
+    capture = next(h for h in logging.getLogger().handlers if isinstance(h, _Capture))
+    try:
+        done = _export_episode(_worker, job)
+    except Exception as exc:
+        raise _portable(exc) from None
+    finally:
+        records, capture.records = capture.records, []
+    done.records = records
+    return done
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling (the exporting process re-raises it as it is), else
+    a ``TrajectoryError`` with its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return TrajectoryError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _log_levels() -> dict[str, int]:
+    """Effective levels of the root logger and of agentcompact's, for the workers."""
+    names = [n for n, lg in logging.root.manager.loggerDict.items()
+             if n.startswith("agentcompact") and isinstance(lg, logging.Logger)]
+    return {name: logging.getLogger(name or None).getEffectiveLevel()
+            for name in ["", "agentcompact", *names]}
+
+
+class _Episodes:
+    """Episodes exported in order: in this process (``workers == 1``), or by a pool of
+    worker processes with at most ``_AHEAD`` episodes per worker sent ahead of the one
+    being written (memory stays bounded), results taken in submission order.
+
+    On any exception, KeyboardInterrupt included, pending episodes are cancelled and the
+    workers terminated before it propagates.
+    """
+
+    def __init__(self, ctx: _Context, workers: int, start_method: str) -> None:
+        self.ctx, self.workers, self.start_method = ctx, workers, start_method
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> _Episodes:
+        if self.workers > 1:
+            ctx = self.ctx
+            mp = multiprocessing.get_context(self.start_method)
+            with _fork_guard(self.start_method):
+                self._pool = ProcessPoolExecutor(
+                    self.workers, mp_context=mp, initializer=_init_worker,
+                    initargs=(ctx.logs, ctx.tok, ctx.opts, _log_levels(),
+                              logging.root.manager.disable))
+                self._pool.submit(int)  # fork: all processes start on the first submit
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.ctx.close()
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kind is None:
+            pool.shutdown(wait=True)
+            return
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:  # a long episode need not finish: stop now
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(5)
+
+    def run(self, jobs: Iterator[_Job]) -> Iterator[_Done]:
+        if self._pool is None:
+            for job in jobs:
+                yield _export_episode(self.ctx, job)
+            return
+        ahead: deque[Future[_Done]] = deque()
+        for job in jobs:
+            ahead.append(self._pool.submit(_run_job, job))
+            if len(ahead) > _AHEAD * self.workers:
+                yield self._take(ahead.popleft())
+        while ahead:
+            yield self._take(ahead.popleft())
+
+    @staticmethod
+    def _take(future: Future[_Done]) -> _Done:
+        try:
+            done = future.result()
+        except BrokenProcessPool as exc:
+            raise TrajectoryError(f"export worker process died: {exc}") from exc
+        for record in done.records:
+            log = logging.getLogger(record.name)
+            if log.isEnabledFor(record.levelno):
+                log.handle(record)
+        return done
+
+
+def default_start_method() -> str:
+    """``fork`` on Linux (workers start in milliseconds, sharing the loaded tokenizer),
+    else ``spawn``."""
+    methods = multiprocessing.get_all_start_methods()
+    return "fork" if sys.platform == "linux" and "fork" in methods else "spawn"
+
+
+@contextlib.contextmanager
+def _fork_guard(start_method: str) -> Iterator[None]:
+    """Around forking the workers: ``TOKENIZERS_PARALLELISM=false`` in their environment
+    (the tokenizers library's thread pool does not survive a fork; with the variable unset
+    it would print a warning in each child and turn parallelism off itself, with it set to
+    true a child would wait on threads that do not exist), and Python 3.12's warning about
+    forking a process that has threads (those threads are the tokenizer's, which the
+    workers never use) silenced."""
+    if start_method != "fork":
+        yield
+        return
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
+                                    category=DeprecationWarning)
+            yield
+    finally:
+        if saved is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
 # ----------------------------------------------------------------- writers
@@ -393,17 +675,20 @@ class _Counts:
     loss_tokens: int = 0
     breaks: dict[str, int] = field(default_factory=dict)
 
-    def add(self, rows: Sequence[Mapping[str, Any]], segs: Sequence[Segment]) -> None:
+    def add(self, done: _Done) -> None:
+        rows = done.rows
         self.episodes += 1
         self.segments += len(rows)
         self.episodes_masked += int(rows[0]["mask_episode"])
-        self.model_calls += sum(s.num_calls for s in segs)
-        for r, s in zip(rows, segs, strict=True):
+        self.episodes_incomplete += int(done.incomplete)
+        self.model_calls += done.calls
+        self.compactions += done.compactions
+        for r in rows:
             self.prompt_tokens += len(r["prompt_ids"])
             self.response_tokens += len(r["response_ids"])
             self.loss_tokens += int(np.count_nonzero(r["response_mask"]))
-            if s.break_reason:
-                self.breaks[s.break_reason] = self.breaks.get(s.break_reason, 0) + 1
+        for reason in done.breaks:
+            self.breaks[reason] = self.breaks.get(reason, 0) + 1
 
 
 def _progress(enabled: bool) -> Any:
@@ -448,32 +733,29 @@ def export_runs(
     episode_adv = _episode_advantages(groups, outcomes, opts)
     counts = _Counts(groups=len(groups), episodes_without_calls=sum(
         1 for ep in index.episodes.values() if not ep.calls))
-    writer = _Writer(out, opts)
-    files = [open(p, "rb") for p in index.logs]  # noqa: SIM115 - closed below
     total = sum(len(eps) for eps in groups.values())
-    try:
-        with _progress(opts.progress) as bar:
-            task = bar.add_task("export", total=total, segments=0)
-            for episodes in groups.values():
-                for ep in episodes:
-                    items = list(_episode_items(index, files, ep))
-                    segs = build_segments(items, tok, summary_trained=opts.summary_trained,
-                                          verify=opts.verify_tokens,
-                                          keep_messages=opts.keep_messages)
-                    outcome = outcomes[ep.episode_id]
-                    rows = _with_advantages(_rows(ep, segs, outcome, tok, opts), episode_adv,
-                                            opts)
-                    compactions = sum(1 for kind, _ in items if kind == "compaction")
-                    counts.compactions += compactions
-                    counts.episodes_incomplete += int(outcome.incomplete)
-                    counts.add(rows, segs)
-                    writer.add(rows, _episode_row(rows, segs, compactions))
-                    bar.update(task, advance=1, segments=counts.segments)
-                writer.end_group()
-    finally:
-        writer.close()
-        for f in files:
-            f.close()
+    start_method = opts.start_method or default_start_method()
+    episodes = _Episodes(_Context(index.logs, tok, opts), _workers(opts, total, start_method),
+                         start_method)
+    with episodes:  # worker processes (if any) start before the writer opens files
+        writer = _Writer(out, opts)
+        try:
+            with _progress(opts.progress) as bar:
+                task = bar.add_task("export", total=total, segments=0)
+                sizes = [len(eps) for eps in groups.values()]
+                jobs = (_Job(ep.episode_id, ep.group_id, ep.spans, outcomes[ep.episode_id],
+                             episode_adv.get(ep.episode_id))
+                        for eps in groups.values() for ep in eps)
+                results = episodes.run(jobs)
+                for size in sizes:
+                    for _ in range(size):
+                        done = next(results)
+                        counts.add(done)
+                        writer.add(done.rows, done.episode)
+                        bar.update(task, advance=1, segments=counts.segments)
+                    writer.end_group()
+        finally:
+            writer.close()
     manifest = _manifest(index, tok, opts, counts, writer)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if opts.validate:

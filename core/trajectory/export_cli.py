@@ -18,7 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import AgentCompactError
-from .export import ADVANTAGES, DEFAULT_MASKED_STOP_REASONS, ExportOptions, export_runs
+from .export import (
+    ADVANTAGES,
+    DEFAULT_MASKED_STOP_REASONS,
+    MAX_AUTO_WORKERS,
+    ExportOptions,
+    export_runs,
+)
 from .importers import import_trajectories, is_event_log
 
 __all__ = ["add_parser", "main", "run"]
@@ -58,6 +64,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="store each segment's chat messages in messages_json (debugging)")
     p.add_argument("--keep-events", type=Path, default=None,
                    help="write the events converted from trajectory files here")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="processes exporting episodes (the rows are the same for any N); "
+                   f"default: the available CPUs, at most {MAX_AUTO_WORKERS}, fewer for a "
+                   "small export; 1: all in this process")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -67,7 +77,7 @@ def _options(args: argparse.Namespace) -> ExportOptions:
         fmt=args.fmt, advantage=args.advantage, rows_per_shard=args.rows_per_shard,
         summary_trained=args.summary_trained, mask_stop_reasons=reasons, gamma=args.gamma,
         lam=args.lam, keep_messages=args.messages,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=not args.no_progress and sys.stderr.isatty(), workers=args.workers,
     )
 
 

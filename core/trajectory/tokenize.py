@@ -252,6 +252,13 @@ class ChatTokenizer:
         self._chunk_ids = 0
         self._reuse = self._splits_at_hard_tokens()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as the Hugging Face tokenizer, its name, hash and reuse setting (export
+        worker processes): the template is compiled again, the reuse cache starts empty.
+        Cheaper than loading by name (no ``AutoTokenizer``: its import pulls in torch), and
+        exact for a tokenizer changed after loading (another chat template, say)."""
+        return _restore, (self.hf, self.name, self.tokenizer_sha256, self._reuse)
+
     @classmethod
     def from_pretrained(cls, name_or_path: str | os.PathLike[str]) -> ChatTokenizer:
         """Load with ``transformers.AutoTokenizer`` (local path or cached hub name)."""
@@ -433,6 +440,14 @@ class ChatTokenizer:
     def info(self) -> dict[str, str]:
         return {"tokenizer_name": self.name, "tokenizer_sha256": self.tokenizer_sha256,
                 "chat_template_sha256": self.chat_template_sha256}
+
+
+def _restore(tokenizer: Any, name: str, tokenizer_sha256: str, reuse: bool) -> ChatTokenizer:
+    """Unpickle a ``ChatTokenizer`` (see ``ChatTokenizer.__reduce__``)."""
+    tok = ChatTokenizer(tokenizer, name)
+    tok.tokenizer_sha256 = tokenizer_sha256  # as hashed when first loaded
+    tok._reuse = reuse
+    return tok
 
 
 # ----------------------------------------------------------------- incremental stream
