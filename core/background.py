@@ -32,16 +32,18 @@ rate ``r`` of the original history (tokens per second of wall time between ``com
 calls) and ``L`` (the duration of its finished background compactions, or
 ``latency_hint_s`` before the first one). It starts as soon as the context, projected
 ``lead × L`` seconds ahead, would reach the trigger — possibly well below the soft
-threshold (never below the target: there would be nothing to compact). After a swap, if
-the agent is fast, the next summary starts at once: a ready summary of an earlier span is
-in use while the newer span is summarized, the turns that arrived meanwhile verbatim.
+threshold (never below the target: there would be nothing to compact).
 
-This has a hard limit: after a swap the context is at least ``target + r × L`` (what the
-agent added while the summary was written), so when ``r × L >= trigger - target`` no
-schedule can keep up with one summarizer. Then, at the hard trigger, the compactor waits
-only when the running task is expected to finish within ``wait_s`` (from its elapsed time
-and ``L``); otherwise it falls back to cliff at once instead of stalling for nothing.
-``stats`` shows ``rate_tokens_s``, ``latency_s`` and ``early_starts``.
+The limits: right after a swap the context is about ``target + r × L`` (what the agent
+added while the summary was written), so one summary at a time keeps up only while
+``target + 2·r·L < trigger``. Beyond that, ``max_pending=k`` staggers compactions ``L/k``
+apart (only when one at a time cannot keep up): a ready summary of an earlier span is
+swapped in while a newer span is being summarized, the turns that arrived meanwhile
+verbatim after it; this needs a summarizer serving concurrent requests. Nothing keeps up
+once ``target + r·L >= trigger``. At the hard trigger the compactor waits only when the
+oldest running task is expected (from its elapsed time and ``L``) to finish within
+``wait_s``; otherwise it falls back to cliff at once instead of stalling for nothing.
+``stats`` shows ``rate_tokens_s``, ``latency_s``, ``early_starts`` and ``skipped_waits``.
 
 Async only; the agent loop and the task share one event loop.
 """
@@ -252,7 +254,7 @@ class BackgroundCompactor:
         self._started_len = len(messages)
         task = asyncio.create_task(self.engine.aprecompact(list(messages)),
                                    name="agentcompact-background")
-        job = _Job(task, time.perf_counter(), len(messages))
+        job = _Job(task, time.perf_counter())
         task.add_done_callback(job.finished)
         self._jobs.append(job)
         self.stats.started += 1
@@ -322,7 +324,6 @@ class BackgroundCompactor:
 class _Job:
     task: asyncio.Task[CompactionResult]
     t0: float
-    length: int
     took: float | None = None
 
     def finished(self, task: asyncio.Task[CompactionResult]) -> None:
