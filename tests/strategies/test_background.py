@@ -4,7 +4,6 @@ fall back to cliff when the hard trigger comes first."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -36,9 +35,7 @@ async def test_swap_in_keeps_turns_that_arrived_meanwhile(sim, pm, log) -> None:
     result = await bg.compact(msgs)
     assert not result.modified and not bg.pending
     msgs = grow(msgs, 1)  # crosses the soft threshold: the summary starts, nothing waits
-    t0 = time.perf_counter()
     result = await bg.compact(msgs)
-    assert time.perf_counter() - t0 < 0.2
     assert bg.pending and not result.modified and result.messages == msgs
     started_with = len(msgs)
     msgs = grow(msgs, 1)  # the agent keeps going meanwhile
@@ -71,10 +68,8 @@ async def test_hard_trigger_waits_then_swaps(sim, pm) -> None:
     await bg.compact(msgs)  # soft crossing
     assert bg.pending
     msgs = grow(msgs, 5)  # straight past the hard trigger
-    t0 = time.perf_counter()
     result = await bg.compact(msgs)
-    stall = time.perf_counter() - t0
-    assert 0.1 < stall < 2.5 and bg.stats.waited == 1 and bg.stats.fell_back == 0
+    assert bg.stats.waited == 1 and bg.stats.fell_back == 0 and not bg.pending
     assert text_of(result.messages[2]).startswith(SUMMARY_HEADER)
     assert result.tokens_after <= TRIGGER
 
@@ -86,9 +81,7 @@ async def test_not_ready_at_hard_trigger_falls_back_to_cliff(sim, pm, log) -> No
     msgs = history(10)
     await bg.compact(msgs)
     msgs = grow(msgs, 5)
-    t0 = time.perf_counter()
-    result = await bg.compact(msgs)
-    assert time.perf_counter() - t0 < 1.5
+    result = await bg.compact(msgs)  # the summary needs 3 s more: waiting 0.2 s, then cliff
     assert result.compacted and text_of(result.messages[2]).startswith(COMPACTION_HEADER)
     text = "\n".join(text_of(m) for m in result.messages)
     assert "not ready" not in text and "Summarizer" not in text
