@@ -90,6 +90,8 @@ class ContenderSettings:
     pm: pluggy.PluginManager | None = None
     summarizer_url: str | None = None
     summarizer_model: str | None = None
+    #: other ``Summarizer`` keyword arguments (``timeout``, ``context_window``, ``api_key``)
+    summarizer_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def budget(self) -> Budget:
@@ -259,7 +261,8 @@ def _summarizer_settings(name: str, settings: ContenderSettings) -> dict[str, An
     if "summarizer" in params:
         from ..summarizer import Summarizer
 
-        return {"summarizer": Summarizer(settings.summarizer_url, settings.summarizer_model)}
+        return {"summarizer": Summarizer(settings.summarizer_url, settings.summarizer_model,
+                                         **settings.summarizer_options)}
     out: dict[str, Any] = {}
     for key in ("base_url", "summarizer_url", "url"):
         if key in params:

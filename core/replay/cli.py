@@ -73,6 +73,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summarizer-url", default=None,
                         help="OpenAI-compatible base URL (with /v1) for summary/parallel")
     parser.add_argument("--summarizer-model", default=None, help="summarizer model name")
+    parser.add_argument("--summarizer-window", type=int, default=None, metavar="TOKENS",
+                        help="the summarizer model's context window (prompts are fitted to "
+                             "it; default 32,000 or AGENTCOMPACT_SUMMARIZER_WINDOW)")
+    parser.add_argument("--summarizer-timeout", type=float, default=None, metavar="S",
+                        help="seconds per summarizer attempt (default 60 or "
+                             "AGENTCOMPACT_SUMMARIZER_TIMEOUT); the API key comes from "
+                             "AGENTCOMPACT_SUMMARIZER_API_KEY")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -120,7 +127,7 @@ def _table(report: ReplayReport) -> Table:
     table = Table(title=f"replay of {len(report.trajectories)} sessions · trigger "
                         f"{report.trigger:,} · prices {report.price.model}")
     for column in ("strategy", "calls", "compactions", "peak", "input tokens", "cached",
-                   "cost", "vs none", "ms/call", "recall"):
+                   "cost", "vs none", "ms/call", "recall", "errors"):
         table.add_column(column, justify="left" if column == "strategy" else "right",
                          no_wrap=True)
     for name, t in totals.items():
@@ -129,8 +136,19 @@ def _table(report: ReplayReport) -> Table:
                       _si(t["total_input_tokens"]), f"{t['cached_share']:.1%}",
                       f"${t['cost_usd']:,.2f}",
                       f"{t['cost_usd'] / base:.2f}×" if base else "–",
-                      f"{t['ms_per_call']:.2f}", recall)
+                      f"{t['ms_per_call']:.2f}", recall,
+                      f"[red]{t['errors']:,}[/red]" if t["errors"] else "0")
     return table
+
+
+def _errors(report: ReplayReport) -> dict[str, list[str]]:
+    """Per strategy, the calls on which it failed and fell back (to cliff, for the LLM
+    strategies), so a table that looks like cliff's is never a silent fallback."""
+    out: dict[str, list[str]] = {}
+    for traj in report.trajectories:
+        for name, run in traj.runs.items():
+            out.setdefault(name, []).extend(f"{traj.source}: {e}" for e in run.errors)
+    return {name: errors for name, errors in out.items() if errors}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
     if not out.is_terminal:
         out = Console(width=max(out.width, 132))
     out.print(_table(report))
+    for name, errors in _errors(report).items():
+        err.print(f"[yellow]{name}: {len(errors)} call(s) fell back[/yellow] "
+                  f"(first: {errors[0]}); figures include the fallbacks, see --json")
     for name, reason in report.skipped.items():
         err.print(f"[dim]skipped {name}: {reason}[/dim]")
     for source, error in report.failures.items():
@@ -168,9 +189,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace, sessions: list[Trajectory],
             strategies: list[str]) -> ReplayReport:
+    summarizer = {k: v for k, v in (("context_window", args.summarizer_window),
+                                    ("timeout", args.summarizer_timeout)) if v is not None}
     options = dict(trigger=args.trigger, target=args.target, price=args.price,
                    model=args.model, counter=args.counter, summarizer_url=args.summarizer_url,
-                   summarizer_model=args.summarizer_model)
+                   summarizer_model=args.summarizer_model, summarizer_options=summarizer)
     if args.quiet:
         return replay(sessions, strategies, **options)
     total = sum(count_calls(t) for t in sessions)

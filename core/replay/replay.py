@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -452,14 +452,18 @@ def replay(
     target: int | None = None, price: str | ModelPrice | None = None,
     model: str | None = None, counter: str | TokenCounter | None = None,
     summarizer_url: str | None = None, summarizer_model: str | None = None,
+    summarizer_options: Mapping[str, Any] | None = None,
     on_call: Callable[[], None] | None = None,
 ) -> ReplayReport:
     """Replay ``trajectories`` through ``strategies``; strategies that cannot run are listed
-    in ``skipped`` with the reason, trajectories that fail in ``failures``."""
+    in ``skipped`` with the reason, trajectories that fail in ``failures``.
+    ``summarizer_options``: further ``Summarizer`` arguments (``timeout``,
+    ``context_window``, ``api_key``) for the LLM strategies."""
     t0 = time.perf_counter()
     pm = get_plugin_manager()
     shared = SharedCounter(make_counter(counter))
-    settings = ContenderSettings(trigger, target, shared, pm, summarizer_url, summarizer_model)
+    settings = ContenderSettings(trigger, target, shared, pm, summarizer_url, summarizer_model,
+                                 dict(summarizer_options or {}))
     skipped = {n: r for n in strategies if (r := unavailable_reason(n, settings)) is not None}
     chosen = [n for n in strategies if n not in skipped]
     runs: list[TrajectoryReplay] = []

@@ -146,3 +146,38 @@ def _window_by_hand(messages: list[Any], meter: MessageMeter, trigger: int) -> l
             tokens[turns.starts[keep - 1]:]) <= trigger:
         keep -= 1
     return messages[: turns.head_len] + messages[turns.starts[keep]:]
+
+
+@pytest.mark.network
+def test_llm_strategy_fallbacks_are_shown_and_summarizer_options_reach_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from agentcompact.integrations.upstream_sim import Fault, Reply, Script, UpstreamSim, serve
+
+    session = _codex_rollout(tmp_path / "rollout-b.jsonl")
+    failing = Script(then=lambda body: Reply("unused").failing(Fault.http(400, "bad model")))
+    runs: dict[str, Any] = {}
+    for name, script, extra in (("small-window", None, ["--summarizer-window", "250"]),
+                                ("default-window", None, []),
+                                ("failing", failing, ["--summarizer-timeout", "20"])):
+        sim = UpstreamSim(script) if script is not None else UpstreamSim()
+        with serve(sim) as server:
+            out_json = tmp_path / f"{name}.json"
+            code = main([str(session), "--strategy", "cliff,summary", "--trigger", "400",
+                         "--target", "300", "--counter", "chars",
+                         "--summarizer-url", f"{server.base_url}/v1", "--summarizer-model",
+                         "sim", *extra, "--json", str(out_json), "--quiet"])
+            assert code == 0
+            runs[name] = (json.loads(out_json.read_text()), capsys.readouterr(), sim.requests)
+    prompt_chars = {}
+    for name in ("small-window", "default-window"):
+        figures, printed, requests = runs[name]
+        assert figures["totals"]["summary"]["compactions"] >= 1 and requests
+        assert figures["totals"]["summary"]["errors"] == 0 and "fell back" not in printed.err
+        prompt_chars[name] = max(len(json.dumps(r.body["messages"])) for r in requests)
+    # --summarizer-window reached the summarizer: its prompt was fitted to a smaller window
+    assert prompt_chars["small-window"] < prompt_chars["default-window"]
+    figures, printed, requests = runs["failing"]
+    assert requests and figures["totals"]["summary"]["errors"] >= 1
+    assert "summary: " in printed.err and "fell back" in printed.err
+    row = next(line for line in printed.out.splitlines() if line.lstrip("│ ").startswith("summary"))
+    assert row.rstrip(" │").split()[-1] == str(figures["totals"]["summary"]["errors"])
