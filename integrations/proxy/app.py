@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sized
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -176,7 +176,7 @@ class CompactionProxy:
             version=__version__, strategy=c.strategy, trigger=c.trigger,
             target=self.engines.budget.target, shadow=c.shadow, strict=c.strict,
             recording=c.record is not None,
-            store_entries=len(self.store) if hasattr(self.store, "__len__") else None,
+            store_entries=len(self.store) if isinstance(self.store, Sized) else None,
             parse_reuse={"bodies": len(self.bodies), "hits": self.bodies.hits,
                          "misses": self.bodies.misses},
         ))
@@ -365,13 +365,12 @@ class CompactionProxy:
             return self._done(plan, first, t0)
         assert plan.engine is not None and plan.messages is not None and plan.body is not None
         try:
+            engine, messages, fixed = plan.engine, plan.messages, _fixed(plan)
             if self.engines.is_async:
-                result = await plan.engine.acompact(plan.messages, force=True,
-                                                    fixed_tokens=_fixed(plan))
+                result = await engine.acompact(messages, force=True, fixed_tokens=fixed)
             else:
                 result = await anyio.to_thread.run_sync(
-                    lambda: plan.engine.compact(  # type: ignore[union-attr]
-                        plan.messages, force=True, fixed_tokens=_fixed(plan)))
+                    lambda: engine.compact(messages, force=True, fixed_tokens=fixed))
             retry = self._encode(plan, result.messages)
         except Exception as exc:
             log.exception("reactive compaction failed; returning the provider's error")
