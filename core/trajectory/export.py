@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import gc
 import json
 import logging
 import multiprocessing
@@ -545,22 +544,18 @@ def _fork_guard(start_method: str) -> Iterator[None]:
     it would print a warning in each child and turn parallelism off itself, with it set to
     true a child would wait on threads that do not exist), and Python 3.12's warning about
     forking a process that has threads (those threads are the tokenizer's, which the
-    workers never use) silenced. The objects existing then are frozen out of the garbage
-    collector meanwhile (``gc.freeze``): a worker's collections then skip them instead of
-    touching, and so copying, every page of the exporting process's heap."""
+    workers never use) silenced."""
     if start_method != "fork":
         yield
         return
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    gc.freeze()
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks",
                                     category=DeprecationWarning)
             yield
     finally:
-        gc.unfreeze()
         if saved is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
         else:
