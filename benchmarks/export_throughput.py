@@ -10,9 +10,15 @@ the fastest call is the reference. The export is also timed without its reuse of
 of repeated text (the system prompt every episode starts with), which the raw calls
 tokenize again for every row. Both are reported in segments/s and tokens/s, with the
 CPU time (the tokenizer's batch calls run on several threads: on a loaded machine they
-lose that advantage, so the load average is printed too). Then N and 4N episodes (the
-file replicated under new episode ids) are exported in fresh processes and their peak RSS
-printed, which should stay flat: the exporter holds one episode at a time.
+lose that advantage, so the load average is printed too). The export runs with the
+default number of worker processes (``ExportOptions(workers=None)``: the available CPUs,
+capped) and with ``workers=1`` (all in one process); its CPU time counts the workers'.
+Then N and 4N episodes (the file replicated under new episode ids) are exported in fresh
+processes with the default workers, and the peak memory of the whole process tree (the
+exporter and its workers) printed, which should stay flat: each process holds a few
+episodes at a time. It is sampled every 10 ms from /proc: the sum of the processes' RSS
+(counting pages a forked worker shares with its parent once per process) and of their
+PSS (shared pages split between the processes sharing them).
 
     python benchmarks/export_throughput.py [--tokenizer PATH] [--data TAU_JSON]
                                            [--copies 1] [--repeat 3]
@@ -60,21 +66,30 @@ def make_run(data: Path, events: Path, copies: int) -> None:
                 out.write(orjson.dumps(ev) + b"\n")
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have been waited for (the
+    export's workers, once it has shut its pool down)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def _timed(fn: Callable[[], Any], repeat: int) -> tuple[list[float], list[float], Any]:
-    """Wall and CPU seconds of ``repeat`` calls of ``fn``, and its last result."""
+    """Wall and CPU seconds (worker processes included) of ``repeat`` calls of ``fn``, and
+    its last result."""
     walls, cpus, result = [], [], None
     for _ in range(repeat):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0 = time.perf_counter(), _cpu()
         result = fn()
         walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
+        cpus.append(_cpu() - c0)
     return walls, cpus, result
 
 
 def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int,
-                      reuse: bool = True) -> dict[str, Any]:
-    """Export ``repeat`` times (fresh folders, the tokenizer loaded once, outside the clock).
-    ``reuse=False``: without the reuse of repeated chunks' ids (``ChatTokenizer``)."""
+                      reuse: bool = True, workers: int | None = None) -> dict[str, Any]:
+    """Export ``repeat`` times (fresh folders, the tokenizer loaded once, outside the clock;
+    worker processes started inside it). ``reuse=False``: without the reuse of repeated
+    chunks' ids (``ChatTokenizer``). ``workers``: ``ExportOptions.workers``."""
     from agentcompact.trajectory.export import ExportOptions, export_runs
     from agentcompact.trajectory.tokenize import ChatTokenizer
 
@@ -82,18 +97,25 @@ def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int,
     if not reuse:
         tok._reuse = False
     runs = iter(range(repeat))
-    tag = "" if reuse else "-noreuse"
+    tag = f"{'' if reuse else '-noreuse'}-w{workers}"
 
     def once() -> dict[str, Any]:
         tok.clear_reuse()  # every run starts cold, as one `agentcompact export` does
         return export_runs([events], out / f"run{next(runs)}{tag}", tok,
-                           ExportOptions(validate=False))
+                           ExportOptions(validate=False, workers=workers))
 
     walls, cpus, manifest = _timed(once, repeat)
     c = manifest["counts"]
     return {"walls": walls, "cpus": cpus, "segments": c["segments"], "episodes": c["episodes"],
             "tokens": c["prompt_tokens"] + c["response_tokens"],
             "out": out / f"run{repeat - 1}{tag}"}
+
+
+def default_workers(episodes: int) -> int:
+    """How many workers ``ExportOptions(workers=None)`` uses for ``episodes`` here."""
+    from agentcompact.trajectory.export import ExportOptions, _workers, default_start_method
+
+    return _workers(ExportOptions(), episodes, default_start_method())
 
 
 def raw_tokenizer(out: Path, tokenizer: str, repeat: int) -> dict[str, Any]:
@@ -127,17 +149,58 @@ def child(events: str, tokenizer: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         stats = export_runs_timed(Path(events), tokenizer, Path(tmp), 1)
     print(json.dumps({"episodes": stats["episodes"], "segments": stats["segments"],
-                      "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "workers": default_workers(stats["episodes"]),
+                      "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "max_child_rss_mib":
+                          resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _rss_pss_kib(pid: int) -> tuple[int, int]:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line and "-" not in line)
+    except OSError:  # gone
+        return 0, 0
+    return int(fields["Rss"].split()[0]), int(fields["Pss"].split()[0])
 
 
 def memory(data: Path, tokenizer: str, copies: int) -> dict[str, float]:
+    """Export in a fresh process; its tree's peak summed RSS and PSS, sampled every 10 ms."""
     with tempfile.TemporaryDirectory() as tmp:
         events = Path(tmp) / "events.jsonl"
         make_run(data, events, copies)
-        proc = subprocess.run([sys.executable, __file__, "--child", str(events), tokenizer],
-                              capture_output=True, text=True, check=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+        proc = subprocess.Popen([sys.executable, __file__, "--child", str(events), tokenizer],
+                                stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        peak_rss = peak_pss = procs = 0
+        while proc.poll() is None:
+            pids = _tree(proc.pid)
+            sizes = [_rss_pss_kib(p) for p in pids]
+            peak_rss = max(peak_rss, sum(r for r, _ in sizes))
+            peak_pss = max(peak_pss, sum(p for _, p in sizes))
+            procs = max(procs, len(pids))
+            time.sleep(0.01)
+        stdout = proc.stdout.read() if proc.stdout else ""
+        if proc.returncode:
+            raise RuntimeError(f"memory child failed ({proc.returncode})")
+    result: dict[str, float] = json.loads(stdout.strip().splitlines()[-1])
+    return {**result, "tree_rss_mib": peak_rss / 1024, "tree_pss_mib": peak_pss / 1024,
+            "processes": procs}
 
 
 def _load() -> str:
@@ -165,13 +228,18 @@ def main() -> None:
         events = Path(tmp) / "events.jsonl"
         make_run(args.data, events, args.copies)
         ex = export_runs_timed(events, args.tokenizer, Path(tmp), args.repeat)
+        one = export_runs_timed(events, args.tokenizer, Path(tmp), args.repeat, workers=1)
         plain = export_runs_timed(events, args.tokenizer, Path(tmp), args.repeat, reuse=False)
         raw = raw_tokenizer(ex["out"], args.tokenizer, args.repeat)
     n_seg, n_tok = ex["segments"], ex["tokens"]
     best = min(ex["walls"])
-    print(f"export: {ex['episodes']} episodes, {n_seg} segments, {n_tok} tokens in "
+    print(f"export ({default_workers(ex['episodes'])} workers, the default): "
+          f"{ex['episodes']} episodes, {n_seg} segments, {n_tok} tokens in "
           f"{_span(ex['walls'])}, CPU {min(ex['cpus']):.2f} s -> {n_seg / best:.1f} "
           f"segments/s, {n_tok / best:,.0f} tokens/s")
+    print(f"export in one process (workers=1): {_span(one['walls'])}, CPU "
+          f"{min(one['cpus']):.2f} s -> {n_seg / min(one['walls']):.1f} segments/s, "
+          f"{n_tok / min(one['walls']):,.0f} tokens/s")
     print(f"export without reusing the ids of repeated text (the system prompt every "
           f"episode starts with): {_span(plain['walls'])}, CPU {min(plain['cpus']):.2f} s -> "
           f"{n_tok / min(plain['walls']):,.0f} tokens/s")
@@ -188,16 +256,23 @@ def main() -> None:
     ref = raw["calls"][fastest]
     print(f"ratio export / raw tokenizer (fastest batch call, {fastest}): "
           f"{min(ref['walls']) / best:.2f} tokens/s (target >= 0.5); CPU time ratio "
-          f"{min(ref['cpus']) / min(ex['cpus']):.2f}; without reuse "
+          f"{min(ref['cpus']) / min(ex['cpus']):.2f}; workers=1 "
+          f"{min(ref['walls']) / min(one['walls']):.2f} (CPU "
+          f"{min(ref['cpus']) / min(one['cpus']):.2f}); without reuse "
           f"{min(ref['walls']) / min(plain['walls']):.2f} (CPU "
           f"{min(ref['cpus']) / min(plain['cpus']):.2f}); load average now {_load()}")
     if args.no_memory:
         return
     small = memory(args.data, args.tokenizer, args.copies)
     big = memory(args.data, args.tokenizer, 4 * args.copies)
-    print(f"peak RSS: N={small['episodes']:.0f} episodes {small['max_rss_mib']:.0f} MiB; "
-          f"4N={big['episodes']:.0f} episodes {big['max_rss_mib']:.0f} MiB "
-          f"(ratio {big['max_rss_mib'] / small['max_rss_mib']:.2f})")
+    for name, key in (("summed RSS", "tree_rss_mib"), ("summed PSS", "tree_pss_mib"),
+                      ("exporting process's max RSS", "max_rss_mib"),
+                      ("largest worker's max RSS", "max_child_rss_mib")):
+        print(f"peak memory, {name}: N={small['episodes']:.0f} episodes "
+              f"({small['workers']:.0f} workers, {small['processes']:.0f} processes) "
+              f"{small[key]:.0f} MiB; 4N={big['episodes']:.0f} episodes "
+              f"({big['workers']:.0f} workers, {big['processes']:.0f} processes) "
+              f"{big[key]:.0f} MiB (ratio {big[key] / max(small[key], 1e-9):.2f})")
 
 
 if __name__ == "__main__":
