@@ -416,21 +416,24 @@ class _Builder:
         full = self.tok.render([*self.chat, *request, answer], self.tools)
         if not ask.startswith(done) or not full.startswith(ask):
             return False
+        stream = self.stream
+        assert stream is not None, "flush() the builder before closing it"
         try:
-            self.stream.extend(ask[len(done):])
+            stream.extend(ask[len(done):])
         except PrefixBreak:
             return False
-        start = len(self.stream.response_ids)
-        self.stream.sample(self.tok.split_at_eos(full[len(ask):])[0])
-        self.span = [start, len(self.stream.response_ids)]
+        start = len(stream.response_ids)
+        stream.sample(self.tok.split_at_eos(full[len(ask):])[0])
+        self.span = [start, len(stream.response_ids)]
         self.chat = [*self.chat, *request, answer]
         self.logprobs_known = False
         return True
 
     def close(self, *, keep_messages: bool) -> Segment:
-        self.stream.verify()
-        known = self.logprobs_known
         s = self.stream
+        assert s is not None, "flush() the builder before closing it"
+        s.verify()
+        known = self.logprobs_known
         return Segment(
             prompt_ids=s.prompt_ids,
             response_ids=s.response_ids,

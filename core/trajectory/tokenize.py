@@ -343,10 +343,10 @@ class ChatTokenizer:
         for text in texts:
             plan: list[list[int] | int] = []
             for part, long in self._parts(text):
-                ids = self._chunks.get(part) if long else None
-                if ids is not None:
+                known = self._chunks.get(part) if long else None
+                if known is not None:
                     self._chunks.move_to_end(part)
-                    plan.append(ids)
+                    plan.append(known)
                 elif long and part in fresh:
                     plan.append(fresh[part])
                 else:
