@@ -101,8 +101,9 @@ def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int,
 
     def once() -> dict[str, Any]:
         tok.clear_reuse()  # every run starts cold, as one `agentcompact export` does
-        return export_runs([events], out / f"run{next(runs)}{tag}", tok,
-                           ExportOptions(validate=False, workers=workers))
+        manifest: dict[str, Any] = export_runs([events], out / f"run{next(runs)}{tag}", tok,
+                                               ExportOptions(validate=False, workers=workers))
+        return manifest
 
     walls, cpus, manifest = _timed(once, repeat)
     c = manifest["counts"]
@@ -115,7 +116,7 @@ def default_workers(episodes: int) -> int:
     """How many workers ``ExportOptions(workers=None)`` uses for ``episodes`` here."""
     from agentcompact.trajectory.export import ExportOptions, _workers, default_start_method
 
-    return _workers(ExportOptions(), episodes, default_start_method())
+    return int(_workers(ExportOptions(), episodes, default_start_method()))
 
 
 def raw_tokenizer(out: Path, tokenizer: str, repeat: int) -> dict[str, Any]:
