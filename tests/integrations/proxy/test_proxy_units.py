@@ -139,3 +139,38 @@ def test_create_app_is_a_starlette_app_with_the_proxy_routes() -> None:
     with TestClient(app) as client:  # lifespan runs; the status page goes through Starlette
         status = client.get("/agentcompact/status").json()
     assert status["requests"] == 0
+
+
+def _watch_run(disconnect_after: float, work_s: float) -> tuple[tuple[bool, object], int]:
+    """``until_disconnect`` on a sleeping ``work`` with a client that leaves after
+    ``disconnect_after`` s; returns its result and the task's pending cancellations after."""
+    import asyncio
+
+    from agentcompact.integrations.proxy.relay import until_disconnect
+
+    async def receive() -> dict[str, str]:
+        await asyncio.sleep(disconnect_after)
+        return {"type": "http.disconnect"}
+
+    async def work() -> str:
+        await asyncio.sleep(work_s)
+        return "answered"
+
+    async def main() -> tuple[tuple[bool, object], int]:
+        out = await until_disconnect(work(), receive)
+        await asyncio.sleep(0.01)  # a cancellation leaking out of the call would raise here
+        task = asyncio.current_task()
+        assert task is not None
+        return out, task.cancelling() if hasattr(task, "cancelling") else 0
+
+    return asyncio.run(main())
+
+
+def test_until_disconnect_cancels_work_when_the_client_leaves() -> None:
+    out, pending = _watch_run(disconnect_after=0.0, work_s=30)
+    assert out == (False, None) and pending == 0
+
+
+def test_until_disconnect_returns_the_work_when_it_finishes_first() -> None:
+    out, pending = _watch_run(disconnect_after=30, work_s=0.0)
+    assert out == (True, "answered") and pending == 0
