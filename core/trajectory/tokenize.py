@@ -211,6 +211,15 @@ def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
     return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
+#: split patterns (Qwen2 / GPT-4o style; Llama 3's, digits in threes) for which ``joins``
+#: is shown to hold; compared as the exact strings of the tokenizer's configuration
+_NEWLINE_SPLIT_PATTERNS = frozenset({
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+})
+
 #: text between hard tokens this long is encoded once and reused (``encode_batch``)
 _CHUNK_CHARS = 1024
 _CHUNKS = 256  # at most this many chunks, holding at most _CHUNK_IDS ids in all
@@ -251,6 +260,9 @@ class ChatTokenizer:
         self._chunks: OrderedDict[str, list[int]] = OrderedDict()  # see encode_batch
         self._chunk_ids = 0
         self._reuse = self._splits_at_hard_tokens()
+        self._added = [str(t.content) for t in tokenizer.added_tokens_decoder.values()]
+        self._glue = self._splits_after_newline()
+        self._glue_tails: dict[str, bool] = {}  # see joins
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as the Hugging Face tokenizer, its name, hash and reuse setting (export
@@ -318,6 +330,61 @@ class ChatTokenizer:
                 if got[0] != got[1] + [tid] + got[2]:
                     return False
         return True
+
+    def _splits_after_newline(self) -> bool:
+        """Whether the pipeline is one where ``joins`` holds (read from its configuration,
+        not inferred from probes): no normalizer or NFC; pre-tokenized by exactly one of
+        ``_NEWLINE_SPLIT_PATTERNS`` (isolated) then byte-level without a regex; a BPE model
+        without dropout; added tokens without strip / single-word rules and none holding
+        a newline. Probes are checked too, as a guard against a misread configuration."""
+        backend = self._backend
+        try:
+            norm = backend.normalizer
+            norm_type = None if norm is None else orjson.loads(norm.__getstate__())["type"]
+            pre = orjson.loads(backend.pre_tokenizer.__getstate__())
+            model = backend.model
+        except Exception:  # another tokenizers API: no shortcut
+            return False
+        if norm_type not in (None, "NFC") or type(model).__name__ != "BPE" or model.dropout:
+            return False
+        if pre.get("type") != "Sequence" or len(pre.get("pretokenizers", ())) != 2:
+            return False
+        split, byte_level = pre["pretokenizers"]
+        if (split.get("type") != "Split" or split.get("behavior") != "Isolated"
+                or split.get("invert") or split.get("pattern", {}).get("Regex")
+                not in _NEWLINE_SPLIT_PATTERNS):
+            return False
+        if (byte_level.get("type") != "ByteLevel" or byte_level.get("use_regex")
+                or byte_level.get("add_prefix_space")):
+            return False
+        for token in self.hf.added_tokens_decoder.values():
+            if token.lstrip or token.rstrip or token.single_word or "\n" in token.content:
+                return False
+        probes = [("assistant\n", "Hello"), ("x\n\n", "<tool_call>\n{}"), (" \n", "'s")]
+        return all(self._plain([a + b]) == [sum(self._plain([a, b]), [])] for a, b in probes)
+
+    def joins(self, tail: str, piece: str) -> bool:
+        """Whether ``encode(tail + piece) == encode(tail) + encode(piece)`` follows from the
+        tokenizer's pipeline (``_splits_after_newline``), so the joint text need not be
+        encoded: ``tail`` ends with a newline and holds no added token, ``piece`` starts
+        with a printable ASCII character other than space. Then no added token spans the
+        cut (none holds a newline); NFC changes nothing across it (a newline neither
+        composes nor reorders with what follows) and leaves the piece starting with a
+        non-space character (an ASCII one, or its composition with marks); and every
+        alternative of the split pattern that can match a newline ends at a newline or
+        whitespace (``\\s*[\\r\\n]+``, `` ?[^\\s...]+[\\r\\n]*``, ``\\s+``), none at a
+        non-space character after one, so a match ends at the cut, the matches before it
+        see the same text up to it (``\\s+(?!\\S)`` is tried only where ``\\s*[\\r\\n]+``
+        failed: a run of spaces not reaching the newline), the pattern has no look-behind,
+        and BPE encodes each pre-token on its own."""
+        if not self._glue or not piece or not "!" <= piece[0] <= "~":
+            return False
+        ok = self._glue_tails.get(tail)
+        if ok is None:
+            ok = tail.endswith("\n") and not any(t in tail for t in self._added)
+            if len(self._glue_tails) < 256:
+                self._glue_tails[tail] = ok
+        return ok
 
     def _plain(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._encode_batch(texts, add_special_tokens=False)]
@@ -530,7 +597,7 @@ class TokenStream:
             joint = tail + piece
             if kind == "sample":
                 out.append(piece)
-            out.append(joint)
+            out.append(tail if kind == "sample" and tok.joins(tail, piece) else joint)
             tail = tail_text(tok, joint)
         return out
 
@@ -599,7 +666,11 @@ class TokenStream:
         the joint tokenization makes the next ``extend`` raise ``PrefixBreak``.
         """
         joint = self._tail + piece
-        ids, joint_ids = self._encode_pair(piece, joint)
+        if self.tok.joins(self._tail, piece):  # encode(joint) without encoding it again
+            ids, tail_ids = self._encode_pair(piece, self._tail)
+            joint_ids = tail_ids + ids
+        else:
+            ids, joint_ids = self._encode_pair(piece, joint)
         old = self._ids_tail()
         if joint_ids != old + ids:
             self._broken = "tokens"

@@ -82,3 +82,21 @@ def test_single_episode_group_is_valid(tmp_path: Path, turns: int) -> None:
     # singleton group: mean 0, std 1 -> advantage = R / (1 + eps)
     assert rows[0]["group_id"] == "task-0"
     assert max(rows[0]["advantages"]) == pytest.approx(1.0, rel=1e-5)
+
+
+_TEXT = st.lists(st.sampled_from(list("ab Z9'\n\r\t.,<>{}\"") + ["é", "e\u0301", "\u00a0", "的",
+                                                               "<tool_call>", "'s", "\u3000"]),
+                max_size=12).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(head=_TEXT, first=st.characters(min_codepoint=0x21, max_codepoint=0x7E), rest=_TEXT)
+def test_a_piece_after_a_newline_encodes_as_on_its_own(head: str, first: str, rest: str) -> None:
+    """``joins``: what lets a sampled piece skip its joint encode is exact on any text."""
+    tok = _tok()
+    tail, piece = head + "\n", first + rest
+    if any(t in tail for t in tok._added):  # an added token in the tail: not claimed
+        assert not tok.joins(tail, piece)
+        return
+    assert tok.joins(tail, piece)
+    assert tok.encode(tail + piece) == tok.encode(tail) + tok.encode(piece)

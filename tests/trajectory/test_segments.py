@@ -364,3 +364,20 @@ def test_template_raising_on_a_window_renders_in_full() -> None:
     segs = build_segments(events, tok, verify=True)
     _same(segs, build_segments(events, tok, window=False, verify=True))
     assert len(segs) == 1 and segs[0].num_calls == 12
+
+
+def test_joins_only_where_the_cut_is_a_split(tok: ChatTokenizer) -> None:
+    """The shortcut is refused where the joint encode differs (a newline run across the cut)
+    or cannot be read off the configuration (another pre-tokenizer)."""
+    from tokenizers import pre_tokenizers
+    from transformers import AutoTokenizer
+
+    tail = "assistant\n"
+    assert tok.joins(tail, "I will check.") and tok.joins(tail, "<tool_call>\n{}")
+    for piece in ("\n\nStep 0.", " x", "\u00e9t\u00e9"):
+        assert not tok.joins(tail, piece)
+    assert tok.encode(tail + "\n\nStep 0.") != tok.encode(tail) + tok.encode("\n\nStep 0.")
+    assert not tok.joins("assistant", "I") and not tok.joins("x<tool_call>\n", "I")
+    hf = AutoTokenizer.from_pretrained(QWEN_TOKENIZER)
+    hf.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    assert not ChatTokenizer(hf, "other").joins(tail, "I will check.")
