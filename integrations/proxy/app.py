@@ -49,7 +49,7 @@ from .bodies import BodyCache, Parsed, encode
 from .config import ProxyConfig
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
-from .relay import BufferedResponse, RelayResponse, until_disconnect
+from .relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
 from .upstream import UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
 from .wire import (
     ANTHROPIC,
@@ -327,7 +327,12 @@ class CompactionProxy:
         send = self.client.send(request.method, self._upstream_url(request),
                                 request_headers(request.headers.raw), content)
         try:
-            answered, result = await until_disconnect(send, request.receive)
+            scope = request.scope
+            watch = scope.get(WATCH_KEY, False)
+            if watch is None:  # ProxyApp's fast path: one watcher for the whole request
+                watch = scope[WATCH_KEY] = ClientWatch(request.receive)
+            answered, result = await (watch.run(send) if watch
+                                      else until_disconnect(send, request.receive))
         except UpstreamError as error:
             log.warning("upstream unreachable: %s %s: %s", request.method,
                         request.scope["path"], error)
@@ -468,8 +473,14 @@ class ProxyApp(Starlette):
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
-        response = await self.proxy.handle(Request(scope, receive))
-        await response(scope, receive, send)
+        scope[WATCH_KEY] = None if ClientWatch.usable() else False
+        try:
+            response = await self.proxy.handle(Request(scope, receive))
+            await response(scope, receive, send)
+        finally:
+            watch = scope[WATCH_KEY]
+            if watch:
+                watch.close()
 
 
 def create_app(config: ProxyConfig | None = None, *, plugins: pluggy.PluginManager | None = None,

@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 from .upstream import UpstreamDropped, UpstreamResponse
 from .wire import content_length, response_headers
 
-__all__ = ["BufferedResponse", "RelayResponse", "UpstreamDropped", "until_disconnect"]
+__all__ = ["WATCH_KEY", "BufferedResponse", "ClientWatch", "RelayResponse", "UpstreamDropped",
+           "until_disconnect"]
 
 log = logging.getLogger("agentcompact.proxy")
 
@@ -86,6 +87,62 @@ async def _until_disconnect_tasks(work: Coroutine[Any, Any, _T], receive: Receiv
         watch.cancel()
 
 
+#: the scope key of a request's ``ClientWatch`` (``None``: one may be started)
+WATCH_KEY = "agentcompact.watch"
+
+
+class ClientWatch:
+    """One watcher of the client for a whole proxied request, from the body read to the
+    end of the relay: ``until_disconnect`` once per request instead of once per step
+    (waiting for the upstream's headers, then relaying). :meth:`run` is
+    ``until_disconnect`` in the calling task; the owner calls :meth:`close` at the end.
+    A client that leaves between two ``run`` calls makes the next one return at once.
+    """
+
+    def __init__(self, receive: Receive) -> None:
+        self.task = asyncio.current_task()
+        self.left = False
+        self._armed = self._fired = False
+        self._watch = asyncio.get_running_loop().create_task(_disconnected(receive))
+        self._watch.add_done_callback(self._done)
+
+    def _done(self, w: asyncio.Task[None]) -> None:
+        if w.cancelled():
+            return
+        self.left = True
+        if self._armed and self.task is not None:
+            self._fired = True
+            self.task.cancel()
+
+    async def run(self, work: Coroutine[Any, Any, _T]) -> tuple[bool, _T | None]:
+        if self.left:
+            work.close()
+            return False, None
+        self._armed, self._fired = True, False
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            if self._fired:
+                assert self.task is not None
+                self.task.uncancel()
+                return False, None  # the client left: its work was cancelled, not ours
+            raise
+        finally:
+            self._armed = False
+        if self._fired:  # ``work`` swallowed the cancellation and finished anyway
+            assert self.task is not None
+            self.task.uncancel()
+        return True, result
+
+    def close(self) -> None:
+        self._watch.cancel()
+
+    @staticmethod
+    def usable() -> bool:
+        """Whether a ``ClientWatch`` can run here (Python ≥ 3.11, inside a task)."""
+        return _UNCANCEL and asyncio.current_task() is not None
+
+
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -126,7 +183,10 @@ class RelayResponse:
         completed = False
         dropped: Exception | None = None
         try:
-            completed = (await until_disconnect(self._relay(send), receive))[1] is True
+            watch = scope.get(WATCH_KEY)
+            relayed = (await watch.run(self._relay(send)) if watch
+                       else await until_disconnect(self._relay(send), receive))
+            completed = relayed[1] is True
         except UpstreamDropped as exc:
             dropped = exc
         except OSError:

@@ -174,3 +174,37 @@ def test_until_disconnect_cancels_work_when_the_client_leaves() -> None:
 def test_until_disconnect_returns_the_work_when_it_finishes_first() -> None:
     out, pending = _watch_run(disconnect_after=30, work_s=0.0)
     assert out == (True, "answered") and pending == 0
+
+
+def test_client_watch_spans_steps_and_stops_the_step_running_when_the_client_leaves(
+) -> None:
+    import asyncio
+
+    from agentcompact.integrations.proxy.relay import ClientWatch
+
+    async def main() -> list[object]:
+        leave = asyncio.Event()
+
+        async def receive() -> dict[str, str]:
+            await leave.wait()
+            return {"type": "http.disconnect"}
+
+        async def step(value: str, wait: float) -> str:
+            await asyncio.sleep(wait)
+            return value
+
+        watch = ClientWatch(receive)
+        out: list[object] = [await watch.run(step("headers", 0))]
+        leave.set()
+        out.append(await watch.run(step("relayed", 30)))  # cancelled when the client leaves
+        out.append(await watch.run(step("never", 0)))  # the client is gone: not run
+        await asyncio.sleep(0.01)  # a cancellation leaking out of run() would raise here
+        watch.close()
+        task = asyncio.current_task()
+        assert task is not None
+        out.append(task.cancelling())
+        return out
+
+    if not hasattr(asyncio.Task, "uncancel"):
+        pytest.skip("ClientWatch needs Task.uncancel (Python 3.11)")
+    assert asyncio.run(main()) == [(True, "headers"), (False, None), (False, None), 0]
