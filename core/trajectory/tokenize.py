@@ -177,6 +177,7 @@ def _compile(template: str) -> Any:
     before the key; half of a render's time. The result is the same: names that are
     attributes of ``dict`` (``items``, ``__class__``...) still go through the sandbox, and
     of ``loop`` only its plain values (``loop.index0``...) skip the sandbox's checks.
+    The template's globals are flattened into one dict (the same names and values).
     """
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
@@ -200,7 +201,12 @@ def _compile(template: str) -> Any:
         return sandboxed(obj, attribute)
 
     env.getattr = getattr_
-    return env.from_string(template)
+    compiled = env.from_string(template)
+    # its globals as one dict rather than jinja's ChainMap over the environment's: every
+    # render copies them into a fresh context, key by key in Python for a ChainMap (the
+    # environment is this overlay, its globals not changed after this)
+    compiled.globals = dict(compiled.globals)
+    return compiled
 
 
 def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
