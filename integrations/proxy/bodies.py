@@ -227,7 +227,7 @@ def array_start(buf: bytes, key: str) -> int:
     return -1
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a key of the proxy's weak map of bodies sent unchanged
 class Parsed:
     """A parsed request body and, when known, where its messages lie in ``raw``.
 
