@@ -199,7 +199,9 @@ class CompactionProxy:
         try:
             if held is not None and (plan.out is not raw or plan.refusal is not None):
                 held.abort()  # the body changed: the held one never reaches the upstream
-                held = None
+                held, plan.ex.held = None, "dropped"
+            elif held is not None:
+                plan.ex.held = "sent"
             if plan.refusal is not None:
                 return self._done(plan, plan.refusal, t0)
             plan.ex.added_ms = round((time.perf_counter() - t0) * 1000, 3)
@@ -207,6 +209,7 @@ class CompactionProxy:
         finally:
             if held is not None and not held.done:
                 held.abort()  # the client left first
+                plan.ex.held = "dropped"
         if isinstance(resp, BufferedResponse):
             return self._done(plan, resp, t0)
         if resp.status_code in (400, 413) and self._may_retry(plan):

@@ -48,6 +48,9 @@ class ExchangeLog:
     shadow: bool = False
     retried: bool = False
     refused: bool = False
+    #: the body went upstream held by its last byte while the engine worked: "sent" (then
+    #: completed) or "dropped" (the engine changed the body; the new one was sent)
+    held: str | None = None
     error: str | None = None
 
     def emit(self) -> None:
@@ -82,6 +85,8 @@ class ProxyStats:
         self.probes = 0
         self.refused = 0
         self.open_streams = 0
+        self.held_sent = 0
+        self.held_dropped = 0
         self._sessions: OrderedDict[str, SessionStats] = OrderedDict()
         self._max = max_sessions
         self._lock = threading.Lock()
@@ -103,6 +108,9 @@ class ProxyStats:
             self.refused += ex.refused
             self.fail_open += ex.error is not None
             self.compactions += ex.compacted
+            if ex.held is not None:
+                self.held_sent += ex.held == "sent"
+                self.held_dropped += ex.held == "dropped"
             if ex.shadow:
                 self.shadow_tokens_saved += saved
             else:
@@ -133,6 +141,7 @@ class ProxyStats:
                 "probes": self.probes,
                 "refused": self.refused,
                 "open_streams": self.open_streams,
+                "held": {"sent": self.held_sent, "dropped": self.held_dropped},
                 **extra,
                 "sessions": {k: asdict(v) for k, v in reversed(self._sessions.items())},
             }

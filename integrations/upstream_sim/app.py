@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -93,7 +93,8 @@ class UpstreamSim:
         self._slots = Slots()
         self._requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
-        self.app = Starlette(routes=self._routes())
+        self.app = Starlette(routes=self._routes(),
+                             exception_handlers={ClientDisconnect: _client_left})
         self.app.state.upstream_sim = self
 
     @property
@@ -225,3 +226,9 @@ def _fault_of(request: Request, reply: Reply) -> Fault | None:
 def _ids(ordinal: int) -> dict[str, str]:
     request_id = f"req_sim{ordinal:06d}"
     return {"request-id": request_id, "x-request-id": request_id}
+
+
+async def _client_left(request: Request, exc: Exception) -> Response:
+    """A client that left before its request's body was complete (a proxy dropping a
+    request it held back): nothing was recorded, nobody reads the answer."""
+    return Response(status_code=499)
