@@ -47,10 +47,11 @@ from agentcompact.tokens import make_counter
 
 from .bodies import BodyCache, Parsed, encode
 from .config import ProxyConfig
+from .h1 import Held
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
 from .relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
-from .upstream import Held, UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
+from .upstream import UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
 from .wire import (
     ANTHROPIC,
     CHAT,
