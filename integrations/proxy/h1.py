@@ -159,6 +159,8 @@ class _Connection(asyncio.Protocol):
 
     # --- parser callbacks --------------------------------------------------------
     def on_header(self, name: bytes, value: bytes | None) -> None:
+        if self.status:  # a chunked body's trailer: not a header of the answer
+            return
         self.raw_headers.append((name, value or b""))
 
     def on_headers_complete(self) -> None:
@@ -267,6 +269,8 @@ class Held:
         conn = self._conn
         if conn.closed or conn.transport is None:
             conn.abort()
+            if self._ready.done() and not self._ready.cancelled():
+                self._ready.exception()  # retrieved: the closed connection's is not logged
             return await self._client.send(*self._request)
         conn.transport.write(self._request[3][-1:])
         try:
