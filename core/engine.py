@@ -297,6 +297,31 @@ class Engine:
             self._fixed_cache[key] = cached
         return cached
 
+    @property
+    def store_version(self) -> int | None:
+        """The prefix store's ``version`` (changes on every ``put``), or ``None`` for a
+        store without one."""
+        version = getattr(self.store, "version", None)
+        return version if isinstance(version, int) else None
+
+    def token_bound(self, messages: Sequence[Any]) -> int | None:
+        """An upper bound on :meth:`count` of ``messages`` without tokenizing the ones not
+        counted yet, or ``None`` when the counter gives no such bound."""
+        with self._lock:
+            return self.meter.bound(messages)
+
+    def leaves_unchanged(self, tokens_at_most: int, since_version: int | None) -> bool:
+        """Whether :meth:`compact` (not forced) is certain to return a history unchanged,
+        knowing that it holds at most ``tokens_at_most`` tokens (fixed tokens included),
+        and that a history it extends was left unchanged when the prefix store's
+        ``version`` was ``since_version``. Then no stored prefix can apply (none did to
+        the shorter history, and none was put since) and the trigger is not reached.
+        ``False`` whenever that cannot be known: a store without a version, or a plugin
+        deciding ``agentcompact_should_compact``."""
+        return (since_version is not None and since_version == self.store_version
+                and tokens_at_most <= self.budget.trigger
+                and not self.pm.hook.agentcompact_should_compact.get_hookimpls())
+
     def count(self, messages: Sequence[Any]) -> int:
         """Tokens of ``messages`` in this engine's counter (cached per message)."""
         with self._lock:

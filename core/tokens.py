@@ -46,7 +46,12 @@ _NONE: frozenset[str] = frozenset()
 
 @runtime_checkable
 class TokenCounter(Protocol):
-    """Counts tokens of text. ``name`` identifies it in caches and reports."""
+    """Counts tokens of text. ``name`` identifies it in caches and reports.
+
+    Optional: ``at_most_utf8_bytes = True`` declares that a text never counts more tokens
+    than its UTF-8 bytes (true of byte-level BPE: every token covers at least one byte).
+    It lets callers bound a count without tokenizing (:meth:`MessageMeter.bound`).
+    """
 
     name: str
 
@@ -58,6 +63,9 @@ class TokenCounter(Protocol):
 class TiktokenCounter:
     """tiktoken BPE counting (``o200k_base`` by default: GPT-4o/4.1/5, a fair proxy for
     Claude and most open models)."""
+
+    #: byte-level BPE: every token covers at least one byte of the text
+    at_most_utf8_bytes = True
 
     def __init__(self, encoding: str = "o200k_base") -> None:
         try:
@@ -119,6 +127,7 @@ class CharEstimateCounter:
     """chars/4, rounded up: no tokenizer, no accuracy (JSON and code run ~20% over)."""
 
     name = "chars/4"
+    at_most_utf8_bytes = True
 
     def count_texts(self, texts: Sequence[str]) -> list[int]:
         return [(len(t) + 3) // 4 for t in texts]
@@ -197,6 +206,26 @@ class MessageMeter:
         if missing:
             self._count_missing(messages, missing, digests, tokens, counted)
         return Measured(digests, tokens)
+
+    def bound(self, messages: Sequence[Any]) -> int | None:
+        """An upper bound on the tokens ``measure`` would give ``messages``, found without
+        tokenizing: cached counts as they are, other messages as the UTF-8 bytes of their
+        counted text plus what ``measure`` adds (message overhead, images). ``None`` when
+        the counter does not declare ``at_most_utf8_bytes``."""
+        if not getattr(self.counter, "at_most_utf8_bytes", False):
+            return None
+        count_of = getattr(self.dialect, "counted_text", None) or self._counted_text
+        by_id = self._by_id
+        total = 0
+        for message in messages:
+            hit = by_id.get(id(message))
+            if hit is not None and hit[0] is message:
+                total += hit[2]
+                continue
+            text, n_images = count_of(message)
+            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+            total += size + MESSAGE_OVERHEAD + n_images * IMAGE_TOKENS
+        return total
 
     def count(self, message: Any) -> int:
         """Tokens of one message (cached)."""
