@@ -97,6 +97,8 @@ class _Plan:
     chunks: list[bytes] = field(default_factory=list)
     #: the original body on its way upstream but for its last byte (see ``_speculate``)
     held: Held | None = None
+    #: the prefix store's version when the body it extends went upstream unchanged
+    since_version: int | None = None
 
 
 class EnginePool:
@@ -163,7 +165,8 @@ class CompactionProxy:
         self.client = UpstreamClient(config.connect_timeout, config.read_timeout)
         #: bodies that went upstream unchanged, with their tokens: a request extending one
         #: of them is likely to go unchanged too (see ``_speculate``)
-        self._unchanged: weakref.WeakKeyDictionary[Parsed, int] = weakref.WeakKeyDictionary()
+        self._unchanged: weakref.WeakKeyDictionary[Parsed, tuple[int, int | None]] = (
+            weakref.WeakKeyDictionary())
 
     # --- lifecycle ----------------------------------------------------------------
     async def aclose(self) -> None:
@@ -202,7 +205,7 @@ class CompactionProxy:
                 held.abort()  # the body changed: the held one never reaches the upstream
                 held, plan.ex.held = None, "dropped"
             elif held is not None:
-                plan.ex.held = "sent"
+                plan.ex.held = "sent-early" if held.released else "sent"
             if plan.refusal is not None:
                 return self._done(plan, plan.refusal, t0)
             plan.ex.added_ms = round((time.perf_counter() - t0) * 1000, 3)
@@ -255,16 +258,25 @@ class CompactionProxy:
             if request is not None and match is not None:
                 self._speculate(plan, request, match[0], new_bytes)
             self._parse(plan, headers, match)
+            if plan.held is not None:
+                self._release_if_bounded(plan)
         engine = plan.engine
         if engine is not None and plan.messages is not None and plan.result is None:
             if (limit is not None and len(plan.raw) > limit
                     and not self.engines.quiet(engine, new_bytes)):
                 return False
+            version = engine.store_version  # before: a put meanwhile makes it stale
             plan.result = engine.compact(plan.messages, fixed_tokens=_fixed(plan))
             self.engines.sent_tokens[engine] = plan.result.tokens_after
             self._apply(plan)
+            if plan.held is not None and plan.held.released and plan.out is not plan.raw:
+                # cannot happen while Engine.leaves_unchanged holds; the body is upstream
+                log.error("a body sent before the engine finished was changed by it; "
+                          "the original went upstream (session %s)", plan.ex.session)
+                plan.out, plan.sent_messages = plan.raw, plan.messages
+                plan.ex.modified = False
             if plan.out is plan.raw and plan.parsed is not None:
-                self._unchanged[plan.parsed] = plan.result.tokens_after
+                self._unchanged[plan.parsed] = (plan.result.tokens_after, version)
         return True
 
     def _speculate(self, plan: _Plan, request: Request, prev: Parsed, new_bytes: int) -> None:
@@ -276,11 +288,26 @@ class CompactionProxy:
         after all, drops the connection and sends the new body: a request missing its
         last byte is one the upstream never acts on. The guess only decides what is
         faster; what is sent is always what the engine decided."""
-        tokens = self._unchanged.get(prev)
-        if tokens is None or tokens + new_bytes // 2 > self.engines.budget.trigger:
+        known = self._unchanged.get(prev)
+        if known is None or known[0] + new_bytes // 2 > self.engines.budget.trigger:
             return
         plan.held = self.client.hold(request.method, self._upstream_url(request),
                                      request_headers(request.headers.raw), plan.raw)
+        plan.since_version = known[1]
+
+    def _release_if_bounded(self, plan: _Plan) -> None:
+        """Complete the held request before measuring when the engine is certain to leave
+        the body unchanged: the messages it shares with the earlier body count what they
+        counted then, the new ones at most their UTF-8 bytes (plus overheads), and no
+        prefix was stored since (``Engine.leaves_unchanged``). The upstream then works on
+        the request while the engine tokenizes the new messages for its exact figures."""
+        engine, held = plan.engine, plan.held
+        if engine is None or held is None or plan.messages is None:
+            return
+        bound = engine.token_bound(plan.messages)
+        if bound is not None and engine.leaves_unchanged(bound + _fixed(plan),
+                                                         plan.since_version):
+            held.release()
 
     def _parse(self, plan: _Plan, headers: Any, match: Any = True) -> None:
         dialect = self.engines.dialects[plan.dialect]

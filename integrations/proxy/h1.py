@@ -252,7 +252,7 @@ class _Stale(Exception):
 class Held:
     """A request sent but for its body's last byte (:meth:`H1Client.hold`)."""
 
-    __slots__ = ("_client", "_conn", "_origin", "_ready", "_request", "done")
+    __slots__ = ("_client", "_conn", "_origin", "_ready", "_request", "done", "released")
 
     def __init__(self, client: H1Client, origin: Origin, conn: _Connection,
                  ready: asyncio.Future[None],
@@ -260,19 +260,36 @@ class Held:
         self._client, self._origin, self._conn = client, origin, conn
         self._ready, self._request = ready, request
         self.done = False
+        self.released = False
 
-    async def commit(self) -> H1Response:
-        """Send the last byte; return once the answer's head is in (errors as ``send``:
-        :class:`UpstreamError` before the head). A connection the upstream closed before
-        that byte went out had carried no complete request: the request is sent anew."""
-        self.done = True
+    def release(self) -> bool:
+        """Send the last byte now (the request is complete upstream); ``False`` when the
+        connection had closed meanwhile (then :meth:`commit` sends the request anew)."""
+        if self.done or self.released:
+            return self.released
         conn = self._conn
         if conn.closed or conn.transport is None:
+            return False
+        conn.transport.write(self._request[3][-1:])
+        self.released = True
+        return True
+
+    async def commit(self) -> H1Response:
+        """Send the last byte (unless :meth:`release` did); return once the answer's head
+        is in (errors as ``send``: :class:`UpstreamError` before the head). A connection
+        the upstream closed before that byte went out had carried no complete request:
+        the request is sent anew."""
+        self.done = True
+        conn = self._conn
+        if not self.released and (conn.closed or conn.transport is None):
             conn.abort()
             if self._ready.done() and not self._ready.cancelled():
                 self._ready.exception()  # retrieved: the closed connection's is not logged
             return await self._client.send(*self._request)
-        conn.transport.write(self._request[3][-1:])
+        if not self.released:
+            assert conn.transport is not None
+            conn.transport.write(self._request[3][-1:])
+            self.released = True
         try:
             return await self._client._answer(self._origin, conn, self._ready)
         except _Stale:

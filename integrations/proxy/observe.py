@@ -48,8 +48,9 @@ class ExchangeLog:
     shadow: bool = False
     retried: bool = False
     refused: bool = False
-    #: the body went upstream held by its last byte while the engine worked: "sent" (then
-    #: completed) or "dropped" (the engine changed the body; the new one was sent)
+    #: the body went upstream held by its last byte while the engine worked: "sent-early"
+    #: (completed before measuring: provably unchanged), "sent" (completed after the
+    #: engine) or "dropped" (the engine changed the body; the new one was sent)
     held: str | None = None
     error: str | None = None
 
@@ -86,6 +87,7 @@ class ProxyStats:
         self.refused = 0
         self.open_streams = 0
         self.held_sent = 0
+        self.held_early = 0
         self.held_dropped = 0
         self._sessions: OrderedDict[str, SessionStats] = OrderedDict()
         self._max = max_sessions
@@ -109,7 +111,8 @@ class ProxyStats:
             self.fail_open += ex.error is not None
             self.compactions += ex.compacted
             if ex.held is not None:
-                self.held_sent += ex.held == "sent"
+                self.held_sent += ex.held in ("sent", "sent-early")
+                self.held_early += ex.held == "sent-early"
                 self.held_dropped += ex.held == "dropped"
             if ex.shadow:
                 self.shadow_tokens_saved += saved
@@ -141,7 +144,8 @@ class ProxyStats:
                 "probes": self.probes,
                 "refused": self.refused,
                 "open_streams": self.open_streams,
-                "held": {"sent": self.held_sent, "dropped": self.held_dropped},
+                "held": {"sent": self.held_sent, "sent_early": self.held_early,
+                         "dropped": self.held_dropped},
                 **extra,
                 "sessions": {k: asdict(v) for k, v in reversed(self._sessions.items())},
             }

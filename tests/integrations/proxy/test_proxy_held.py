@@ -46,8 +46,9 @@ def test_unchanged_requests_go_out_held_then_complete(start_proxy: ProxyFactory,
     assert [r.request for r in upstream.tap.sent] == sent
     assert all(r.completed for r in upstream.tap.sent)
     held = status(proxy)["held"]
-    # the first request has no earlier body to extend; every later one went out held
-    assert held == {"sent": len(sent) - 1, "dropped": 0}
+    # the first request has no earlier body to extend; every later one went out held, and,
+    # far under the trigger, was completed before its new messages were even tokenized
+    assert held == {"sent": len(sent) - 1, "sent_early": len(sent) - 1, "dropped": 0}
 
 
 def test_held_request_is_dropped_when_the_engine_changes_the_body(
@@ -79,7 +80,7 @@ def test_held_request_is_dropped_when_the_engine_changes_the_body(
     assert final.completed and final.status == 200
     # the simulator's application only ever handled complete requests
     assert len(upstream.requests) == 2
-    assert status(proxy)["held"] == {"sent": 0, "dropped": 1}
+    assert status(proxy)["held"] == {"sent": 0, "sent_early": 0, "dropped": 1}
 
 
 def test_only_a_body_extending_one_sent_unchanged_is_held(
@@ -94,7 +95,7 @@ def test_only_a_body_extending_one_sent_unchanged_is_held(
     lines = [orjson.loads(r.getMessage()) for r in caplog.records
              if r.name == "agentcompact.proxy" and r.getMessage().startswith("{")]
     assert len(lines) == 29
-    held = [line["held"] for line in lines]
+    held = [line["held"] and line["held"].removesuffix("-early") for line in lines]
     modified = [line["modified"] for line in lines]
     assert "sent" in held[: modified.index(True)]  # growing under the trigger: held
     assert any(modified)
@@ -105,3 +106,24 @@ def test_only_a_body_extending_one_sent_unchanged_is_held(
     assert all(h is None for h, m in zip(held, modified, strict=True) if m)
     assert status(proxy)["held"]["dropped"] == 0
     assert all(r.completed for r in upstream.tap.sent)
+
+
+def test_held_request_waits_for_the_engine_when_its_bytes_could_reach_the_trigger(
+        start_proxy: ProxyFactory, upstream: Upstream, caplog: pytest.LogCaptureFixture) -> None:
+    # chars/4 counting: 1,200 new bytes look like <= 600 tokens to the guess (held), but
+    # only their bytes bound them for certain (1,200 > the 1,000 left): the last byte waits
+    # for the exact count (~300 tokens: unchanged), then goes
+    proxy = start_proxy(trigger=3000, target=1500, counter="chars", log_requests=True)
+    caplog.set_level(logging.INFO, logger="agentcompact.proxy")
+    base = [{"role": "user", "content": "x" * 7900}]
+    grown = [*base, {"role": "assistant", "content": "y" * 1150},
+             {"role": "user", "content": "go on"}]
+    with httpx.Client(base_url=proxy.base_url, timeout=10) as client:
+        first, _ = post(client, base)
+        raw, response = post(client, grown)
+    assert response.status_code == 200
+    assert [r.request for r in upstream.tap.sent] == [first, raw]
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records
+             if r.name == "agentcompact.proxy" and r.getMessage().startswith("{")]
+    assert [line["held"] for line in lines] == [None, "sent"]
+    assert [line["modified"] for line in lines] == [False, False]
