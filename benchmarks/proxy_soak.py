@@ -122,14 +122,15 @@ async def session(client: httpx.AsyncClient, index: int, until: float, totals: T
 
 
 def _turn(path: str, numbers: str, turn: int) -> list[Any]:
-    """The user message sent and the assistant answer, plus padding to grow the context."""
+    """The user message as sent and the assistant's answer with padding (to grow the
+    context): the next request extends this one, as an agent's does."""
     pad = filler_text(400)
     if path == "/v1/responses":
-        return [{"role": "user", "content": numbers + " " + pad},
+        return [{"role": "user", "content": numbers},
                 {"type": "message", "role": "assistant",
-                 "content": [{"type": "output_text", "text": f"echo {turn}"}]}]
-    return [{"role": "user", "content": numbers + " " + pad},
-            {"role": "assistant", "content": f"echo {turn}"}]
+                 "content": [{"type": "output_text", "text": f"echo {turn} {pad}"}]}]
+    return [{"role": "user", "content": numbers},
+            {"role": "assistant", "content": f"echo {turn} {pad}"}]
 
 
 async def soak(base_url: str, sessions: int, seconds: float) -> Totals:
@@ -169,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.sessions} sessions x {elapsed:.0f} s: {totals.requests} streamed requests, "
           f"{totals.chunks} deltas checked in order, {len(totals.errors)} errors; proxy: "
           f"{status['compactions']} compactions, {status['tokens_saved']} tokens saved, "
-          f"{status['fail_open']} fail-open, {status['open_streams']} streams open at the end")
+          f"{status['fail_open']} fail-open, {status['open_streams']} streams open at the end; "
+          f"held {status['held']['sent']} sent ({status['held']['sent_early']} before "
+          f"measuring), {status['held']['dropped']} dropped")
     for error in totals.errors[:10]:
         print("  error:", error)
     return 1 if totals.errors or status["open_streams"] else 0
