@@ -244,6 +244,7 @@ class Engine:
         self._scan: tuple[Any, int, int, str, int] | None = None
         self._by_json = type(self.dialect).digest is Dialect.digest
         self._fixed_cache: dict[str, int] = {}
+        self._fixed_last: tuple[tuple[Any, Any, Any], int] | None = None
 
     @property
     def strategy_name(self) -> str:
@@ -280,21 +281,29 @@ class Engine:
         return self.dialect.with_messages(body, result.messages), result
 
     def fixed_tokens(self, body: dict[str, Any]) -> int:
-        """Tokens of a request body besides its messages: system, instructions, tools."""
-        texts = []
-        for key in ("system", "instructions", "tools"):
-            value = body.get(key)
-            if value:
-                texts.append(value if isinstance(value, str) else orjson.dumps(value).decode())
-        if not texts:
-            return 0
-        key = "\x00".join(texts)
-        cached = self._fixed_cache.get(key)
-        if cached is None:
-            cached = sum(self.counter.count_texts(texts))
-            if len(self._fixed_cache) > 256:
-                self._fixed_cache.clear()
-            self._fixed_cache[key] = cached
+        """Tokens of a request body besides its messages: system, instructions, tools.
+
+        Remembered by content, and by identity for the last body's values (a proxy's next
+        request shares them when unchanged: Claude Code's ~80 kB of tools are then not
+        serialized again). Like messages, the values are taken as immutable once counted.
+        """
+        values = (body.get("system"), body.get("instructions"), body.get("tools"))
+        last = self._fixed_last
+        if last is not None and all(map(operator.is_, values, last[0])):
+            return last[1]
+        texts = [value if isinstance(value, str) else orjson.dumps(value).decode()
+                 for value in values if value]
+        cached = 0
+        if texts:
+            key = "\x00".join(texts)
+            found = self._fixed_cache.get(key)
+            if found is None:
+                found = sum(self.counter.count_texts(texts))
+                if len(self._fixed_cache) > 256:
+                    self._fixed_cache.clear()
+                self._fixed_cache[key] = found
+            cached = found
+        self._fixed_last = (values, cached)
         return cached
 
     @property

@@ -97,8 +97,9 @@ class _Plan:
     chunks: list[bytes] = field(default_factory=list)
     #: the original body on its way upstream but for its last byte (see ``_speculate``)
     held: Held | None = None
-    #: the prefix store's version when the body it extends went upstream unchanged
-    since_version: int | None = None
+    #: the body it extends went upstream unchanged: its tokens, the prefix store's
+    #: version then, and its fixed tokens (see ``_speculate``)
+    known: tuple[int, int | None, int] | None = None
 
 
 class EnginePool:
@@ -165,7 +166,7 @@ class CompactionProxy:
         self.client = UpstreamClient(config.connect_timeout, config.read_timeout)
         #: bodies that went upstream unchanged, with their tokens: a request extending one
         #: of them is likely to go unchanged too (see ``_speculate``)
-        self._unchanged: weakref.WeakKeyDictionary[Parsed, tuple[int, int | None]] = (
+        self._unchanged: weakref.WeakKeyDictionary[Parsed, tuple[int, int | None, int]] = (
             weakref.WeakKeyDictionary())
 
     # --- lifecycle ----------------------------------------------------------------
@@ -266,7 +267,8 @@ class CompactionProxy:
                     and not self.engines.quiet(engine, new_bytes)):
                 return False
             version = engine.store_version  # before: a put meanwhile makes it stale
-            plan.result = engine.compact(plan.messages, fixed_tokens=_fixed(plan))
+            fixed = _fixed(plan)
+            plan.result = engine.compact(plan.messages, fixed_tokens=fixed)
             self.engines.sent_tokens[engine] = plan.result.tokens_after
             self._apply(plan)
             if plan.held is not None and plan.held.released and plan.out is not plan.raw:
@@ -276,7 +278,8 @@ class CompactionProxy:
                 plan.out, plan.sent_messages = plan.raw, plan.messages
                 plan.ex.modified = False
             if plan.out is plan.raw and plan.parsed is not None:
-                self._unchanged[plan.parsed] = (plan.result.tokens_after, version)
+                # the body as sent (the original: shadow mode may have computed another)
+                self._unchanged[plan.parsed] = (plan.result.tokens_original, version, fixed)
         return True
 
     def _speculate(self, plan: _Plan, request: Request, prev: Parsed, new_bytes: int) -> None:
@@ -293,7 +296,7 @@ class CompactionProxy:
             return
         plan.held = self.client.hold(request.method, self._upstream_url(request),
                                      request_headers(request.headers.raw), plan.raw)
-        plan.since_version = known[1]
+        plan.known = known
 
     def _release_if_bounded(self, plan: _Plan) -> None:
         """Complete the held request before measuring when the engine is certain to leave
@@ -301,12 +304,16 @@ class CompactionProxy:
         counted then, the new ones at most their UTF-8 bytes (plus overheads), and no
         prefix was stored since (``Engine.leaves_unchanged``). The upstream then works on
         the request while the engine tokenizes the new messages for its exact figures."""
-        engine, held = plan.engine, plan.held
-        if engine is None or held is None or plan.messages is None:
+        engine, held, known, parsed = plan.engine, plan.held, plan.known, plan.parsed
+        if engine is None or held is None or plan.messages is None or known is None:
             return
-        bound = engine.token_bound(plan.messages)
-        if bound is not None and engine.leaves_unchanged(bound + _fixed(plan),
-                                                         plan.since_version):
+        tokens, version, fixed = known
+        if parsed is not None and parsed.reused:  # the earlier body's messages, as counted
+            new = engine.token_bound(plan.messages[parsed.reused:])
+            bound = None if new is None else tokens - fixed + new
+        else:
+            bound = engine.token_bound(plan.messages)
+        if bound is not None and engine.leaves_unchanged(bound + _fixed(plan), version):
             held.release()
 
     def _parse(self, plan: _Plan, headers: Any, match: Any = True) -> None:

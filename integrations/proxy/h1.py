@@ -38,6 +38,8 @@ __all__ = ["H1Client", "H1Response", "Held", "Origin", "UpstreamDropped", "Upstr
 
 #: unread answer bytes above which the connection stops reading (until the relay drains)
 _HIGH_WATER = 1 << 20
+#: asyncio's default ``writelines`` (concatenates, then writes: a copy of the body)
+_JOINING_WRITELINES = asyncio.WriteTransport.writelines
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 
 
@@ -230,8 +232,13 @@ class _Connection(asyncio.Protocol):
         self._reset()
         self.no_body = no_body
         self.head = self.loop.create_future()
-        assert self.transport is not None
-        self.transport.writelines(parts)
+        transport = self.transport
+        assert transport is not None
+        if type(transport).writelines is _JOINING_WRITELINES:
+            for part in parts:  # no copy of the body into one buffer (asyncio before 3.12)
+                transport.write(part)
+        else:
+            transport.writelines(parts)  # uvloop: one writev
         return self.head
 
     def reusable(self) -> bool:

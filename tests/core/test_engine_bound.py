@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -148,3 +149,18 @@ def test_no_certificate_when_a_plugin_decides_compaction() -> None:
 def test_token_bound_is_none_for_a_counter_without_the_promise() -> None:
     e = engine(trigger=100_000, counter=OpaqueCounter())
     assert e.token_bound([{"role": "user", "content": "hi"}]) is None
+
+
+def test_fixed_tokens_count_system_instructions_and_tools_by_content() -> None:
+    e = engine(trigger=100_000, counter=TiktokenCounter())
+    tools = [{"name": "read_file", "description": "Read a file from the repository.",
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+    body = {"system": "You are a coding agent.", "tools": tools, "messages": []}
+    expected = sum(TiktokenCounter().count_texts(
+        ["You are a coding agent.", orjson.dumps(tools).decode()]))
+    assert e.fixed_tokens(body) == expected
+    assert e.fixed_tokens({**body, "messages": [1]}) == expected  # same values: remembered
+    assert e.fixed_tokens(orjson.loads(orjson.dumps(body))) == expected  # equal copies
+    assert e.fixed_tokens({**body, "tools": [*tools, {"name": "grep"}]}) > expected
+    assert e.fixed_tokens({"messages": []}) == 0
+    assert e.fixed_tokens({"instructions": "Be brief.", "messages": []}) == 3
