@@ -20,6 +20,7 @@ from agentcompact.trajectory import iter_trajectories
 
 from ..conftest import TRAJECTORIES, needs_shared_data
 from .histories import build
+from .test_engine_reuse import DictStore
 
 PLAN = [(60, [1500, 200], 0), (40, [3000], 80), (0, [800, 800, 800], 0)] * 4
 
@@ -116,19 +117,7 @@ def test_no_certificate_after_a_put_or_without_a_store_version() -> None:
     assert not e.leaves_unchanged(10, None)
     assert not e.leaves_unchanged(100_001, e.store_version)  # over the trigger
 
-    class Unversioned:
-        """A prefix store without a ``version``."""
-
-        def __init__(self) -> None:
-            self.data: dict[str, PrefixEntry] = {}
-
-        def get(self, key: str) -> PrefixEntry | None:
-            return self.data.get(key)
-
-        def put(self, key: str, entry: PrefixEntry) -> None:
-            self.data[key] = entry
-
-    plain = engine(trigger=100_000, store=Unversioned())
+    plain = engine(trigger=100_000, store=DictStore())  # a store without a version
     assert plain.store_version is None
     assert not plain.leaves_unchanged(10, plain.store_version)
 
