@@ -275,7 +275,7 @@ class CompactionProxy:
                 # cannot happen while Engine.leaves_unchanged holds; the body is upstream
                 log.error("a body sent before the engine finished was changed by it; "
                           "the original went upstream (session %s)", plan.ex.session)
-                plan.out, plan.sent_messages = plan.raw, plan.messages
+                plan.out, plan.sent_messages, plan.refusal = plan.raw, plan.messages, None
                 plan.ex.modified = False
             if plan.out is plan.raw and plan.parsed is not None:
                 # the body as sent (the original: shadow mode may have computed another)
@@ -286,11 +286,11 @@ class CompactionProxy:
         """Start the original body upstream, held back by its last byte, before parsing
         and measuring it, when it extends a body that went unchanged and the new bytes
         cannot plausibly reach the trigger. The upstream receives the body while the
-        engine works (on a loopback 50k-token request, about a tenth of the latency the
-        proxy adds); ``handle`` then sends the last byte, or, when the body did change
-        after all, drops the connection and sends the new body: a request missing its
-        last byte is one the upstream never acts on. The guess only decides what is
-        faster; what is sent is always what the engine decided."""
+        engine works; the last byte follows as soon as the engine is certain to leave the
+        body as it is (``_release_if_bounded``), else after it, or, when the body did
+        change after all, ``handle`` drops the connection and sends the new body: a
+        request missing its last byte is one the upstream never acts on. The guess only
+        decides what is faster; what is processed is always what the engine decided."""
         known = self._unchanged.get(prev)
         if known is None or known[0] + new_bytes // 2 > self.engines.budget.trigger:
             return
