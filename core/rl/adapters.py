@@ -18,7 +18,7 @@ for split episodes (``RL_EXPORT.md`` Example 3) — feed it the rows' precompute
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from numpy.typing import NDArray
 
 from agentcompact.errors import ValidationError
 from agentcompact.rl.gae import token_rewards
 from agentcompact.rl.loss import effective_mask
+from agentcompact.rl.torch_data import Row, TokenValues, pad_rows
 
 __all__ = [
     "VERL_DATA_SOURCE",
@@ -42,9 +42,6 @@ __all__ = [
     "to_verl_parquet",
 ]
 
-Row = Mapping[str, Any]
-#: One row's per-token values: a list or a 1-D numpy array.
-TokenValues = Sequence[float] | NDArray[Any]
 VERL_DATA_SOURCE = "agentcompact"
 
 
@@ -64,16 +61,9 @@ def _width(rows: Sequence[Row], field: str, limit: int | None) -> int:
 
 def _padded(values: Sequence[TokenValues], width: int, dtype: torch.dtype,
             fill: float = 0, left: bool = False) -> torch.Tensor:
-    out = torch.full((len(values), width), fill, dtype=dtype)
-    for b, row in enumerate(values):
-        n = len(row)
-        if n:
-            data = torch.as_tensor(np.asarray(row), dtype=dtype)
-            if left:
-                out[b, width - n:] = data
-            else:
-                out[b, :n] = data
-    return out
+    """Rows right-padded (or left-padded) into a ``[B, width]`` tensor."""
+    starts = [width - len(v) for v in values] if left else [0] * len(values)
+    return pad_rows(values, starts, width, dtype, fill)
 
 
 def to_verl(

@@ -62,7 +62,7 @@ class SegmentDataset(Dataset[dict[str, Any]]):
         return self.rows[index]
 
 
-def _pad(rows: Sequence[TokenValues], starts: Sequence[int], width: int,
+def pad_rows(rows: Sequence[TokenValues], starts: Sequence[int], width: int,
          dtype: torch.dtype, fill: float = 0) -> torch.Tensor:
     """Place each row at its start column of a ``[B, width]`` tensor filled with ``fill``."""
     out = torch.full((len(rows), width), fill, dtype=dtype)
@@ -98,15 +98,15 @@ def collate(
     width = max(s + len(r["response_ids"]) for s, r in zip(starts, batch, strict=True))
     ids = [list(r["prompt_ids"]) + list(r["response_ids"]) for r in batch]
     zeros = [0] * len(batch)
-    attention = _pad([[1] * len(x) for x in ids], zeros, width, torch.long)
+    attention = pad_rows([[1] * len(x) for x in ids], zeros, width, torch.long)
     width_r = max_len if max_len is not None else max(len(r["response_ids"]) for r in batch)
     weights = weights_for_rows(batch, mode, max_len=width_r, normalizer=normalizer)
 
     def resp(values: Sequence[TokenValues], dtype: torch.dtype) -> torch.Tensor:
-        return _pad(values, starts, width, dtype)
+        return pad_rows(values, starts, width, dtype)
 
     out = {
-        "input_ids": _pad(ids, zeros, width, torch.long, fill=pad_token_id),
+        "input_ids": pad_rows(ids, zeros, width, torch.long, fill=pad_token_id),
         "attention_mask": attention,
         "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
         "response_mask": resp([r["response_mask"] for r in batch], torch.long),
@@ -155,7 +155,7 @@ def batch_token_weights(
         max_len=max_len if max_len is not None else max(e - s for s, e in spans),
         normalizer=normalizer,
     )
-    out = _pad(weights, starts, loss_mask.shape[1], torch.float32)
+    out = pad_rows(weights, starts, loss_mask.shape[1], torch.float32)
     return out.to(batch["loss_mask"].device)
 
 
