@@ -134,10 +134,16 @@ class EnginePool:
 
     def quiet(self, engine: Engine, new_bytes: int) -> bool:
         """True when ``engine`` cannot be expected to compact on a request adding
-        ``new_bytes`` bytes to its last one (a token is at least two bytes of JSON here,
-        on the safe side): measuring the new messages is then all it does."""
+        ``new_bytes`` bytes to its last one: measuring the new messages is then all it
+        does."""
         last = self.sent_tokens.get(engine)
-        return last is not None and last + new_bytes // 2 <= self.budget.trigger
+        return last is not None and self.stays_under(last, new_bytes)
+
+    def stays_under(self, tokens: int, new_bytes: int) -> bool:
+        """The guess that a body of ``tokens`` grown by ``new_bytes`` bytes stays within
+        the trigger: a token is at least two bytes of JSON here, on the safe side. A
+        guess, not a bound (images count more): it only decides where work is done."""
+        return tokens + new_bytes // 2 <= self.budget.trigger
 
     def _new(self, dialect: str, session: str) -> Engine:
         engine = Engine(strategy=self.config.strategy, dialect=self.dialects[dialect],
@@ -292,7 +298,7 @@ class CompactionProxy:
         request missing its last byte is one the upstream never acts on. The guess only
         decides what is faster; what is processed is always what the engine decided."""
         known = self._unchanged.get(prev)
-        if known is None or known[0] + new_bytes // 2 > self.engines.budget.trigger:
+        if known is None or not self.engines.stays_under(known[0], new_bytes):
             return
         plan.held = self.client.hold(request.method, self._upstream_url(request),
                                      request_headers(request.headers.raw), plan.raw)

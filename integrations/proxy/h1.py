@@ -286,17 +286,14 @@ class Held:
         is in (errors as ``send``: :class:`UpstreamError` before the head). A connection
         the upstream closed before that byte went out had carried no complete request:
         the request is sent anew."""
-        self.done = True
         conn = self._conn
-        if not self.released and (conn.closed or conn.transport is None):
+        released = self.release()
+        self.done = True
+        if not released:  # closed before the last byte: no complete request went out
             conn.abort()
             if self._ready.done() and not self._ready.cancelled():
                 self._ready.exception()  # retrieved: the closed connection's is not logged
             return await self._client.send(*self._request)
-        if not self.released:
-            assert conn.transport is not None
-            conn.transport.write(self._request[3][-1:])
-            self.released = True
         try:
             return await self._client._answer(self._origin, conn, self._ready)
         except _Stale:
