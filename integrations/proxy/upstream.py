@@ -84,15 +84,20 @@ class UpstreamClient:
         self._env_proxies = urllib.request.getproxies()
         self._proxy_for: dict[tuple[str, str], str | None] = {}
 
-    def _proxy(self, url: URL) -> str | None:
-        """The proxy from the environment for ``url`` (``None``: connect directly)."""
-        key = (url.scheme, url.host or "")
+    def _via_proxy(self, url: str) -> tuple[URL, str] | None:
+        """``url`` and the proxy from the environment to reach it through, or ``None`` to
+        connect directly."""
+        if not self._env_proxies:
+            return None
+        target = URL(url, encoded=True)  # the path and query as the client wrote them
+        key = (target.scheme, target.host or "")
         if key not in self._proxy_for:
-            proxy = self._env_proxies.get(url.scheme)
-            if proxy and url.host and urllib.request.proxy_bypass(url.host):
+            proxy = self._env_proxies.get(target.scheme)
+            if proxy and target.host and urllib.request.proxy_bypass(target.host):
                 proxy = None
             self._proxy_for[key] = proxy or None
-        return self._proxy_for[key]
+        proxy = self._proxy_for[key]
+        return None if proxy is None else (target, proxy)
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15,
@@ -108,11 +113,9 @@ class UpstreamClient:
     async def send(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
                    content: bytes) -> UpstreamResponse:
         """Send a request; return once the response headers are in."""
-        if self._env_proxies:
-            target = URL(url, encoded=True)
-            proxy = self._proxy(target)
-            if proxy is not None:
-                return await self._send_proxied(method, target, proxy, headers, content)
+        via = self._via_proxy(url)
+        if via is not None:
+            return await self._send_proxied(method, *via, headers, content)
         try:
             return await self._direct.send(method, url, headers, content)
         except ValueError as exc:
@@ -121,7 +124,7 @@ class UpstreamClient:
     def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
              content: bytes) -> Held | None:
         """:meth:`.h1.H1Client.hold` for a direct upstream (``None`` through a proxy)."""
-        if self._env_proxies and self._proxy(URL(url, encoded=True)) is not None:
+        if self._via_proxy(url) is not None:
             return None
         try:
             return self._direct.hold(method, url, headers, content)

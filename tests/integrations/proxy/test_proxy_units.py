@@ -208,3 +208,23 @@ def test_client_watch_spans_steps_and_stops_the_step_running_when_the_client_lea
     if not hasattr(asyncio.Task, "uncancel"):
         pytest.skip("ClientWatch needs Task.uncancel (Python 3.11)")
     assert asyncio.run(main()) == [(True, "headers"), (False, None), (False, None), 0]
+
+
+def test_upstreams_behind_an_environment_proxy_go_through_it_and_are_never_held(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentcompact.integrations.proxy.upstream import UpstreamClient
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.test:3128")
+    monkeypatch.setenv("NO_PROXY", "internal.test")
+    client = UpstreamClient(5, 30)
+    via = client._via_proxy("https://api.example.test/v1/messages?beta=%2F")
+    assert via is not None
+    assert (str(via[0]), via[1]) == ("https://api.example.test/v1/messages?beta=%2F",
+                                     "http://proxy.test:3128")
+    assert client._via_proxy("https://internal.test/v1/messages") is None  # NO_PROXY
+    # a held request needs the direct client: through a proxy the normal path is taken
+    assert client.hold("POST", "https://api.example.test/v1/messages", [], b"{}") is None
+    for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "HTTP_PROXY",
+                 "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert UpstreamClient(5, 30)._via_proxy("https://api.example.test/v1/messages") is None
