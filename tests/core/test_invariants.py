@@ -25,7 +25,6 @@ from agentcompact import (
 from agentcompact.budget import DEFAULT_TARGET_SHARE
 from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.strategies.base import CompactionRequest, Rendered
-from agentcompact.strategies.cliff import CliffStrategy
 from agentcompact.turns import thinking_loop_error
 
 from .histories import build
