@@ -137,7 +137,8 @@ class _Plan:
     span_start: int
     cut: int
     kept: tuple[int, ...]
-    pinned: tuple[int, ...]
+    pinned: tuple[int, ...]  # pinned messages of the span (their text must be in the message)
+    pins: tuple[int, ...]  # every pinned message of [head_len, c): never truncated
     recent_turns: int
     target: int
     budget_tokens: int
@@ -199,7 +200,8 @@ def _thinking_safe(cuts: list[int], msgs: Sequence[Any], c: int, dialect: Dialec
     start = loop_start(msgs, dialect, c)
     if start is None or not starts_with_thinking(msgs[start], dialect):
         return cuts
-    return [s for s in cuts if s == c or s <= start or starts_with_thinking(msgs[s], dialect)]
+    # not even at ``c`` itself: the loop's next steps would follow the compaction message
+    return [s for s in cuts if s <= start or (s < c and starts_with_thinking(msgs[s], dialect))]
 
 
 def _stable_repr(value: Any, depth: int = 0) -> str:
@@ -681,7 +683,7 @@ class Engine:
         # the span's kept messages stay for every cut: only their set is cut-dependent
         first = next((k for k, s in enumerate(options) if kept_turns[s] <= budget.recent_turns),
                      len(options) - 1)
-        pins = self._pins(view, head_len, options[-1])
+        pins = self._pins(view, head_len, c)
         k = first
         while True:
             cut = options[k]
@@ -699,11 +701,12 @@ class Engine:
             k += 1
         overrides: dict[int, tuple[str, Any, int]] = {}
         if room < self._min_budget:  # make room: truncate the largest kept tool outputs
-            overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True)
+            overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True,
+                                          pins=pins)
             room += sum(view.tokens[i] - t for i, (_, _, t) in overrides.items())
         return _Plan(
             c=c, head_len=head_len, span_start=prev_cut, cut=cut, kept=kept,
-            pinned=tuple(i for i in pins if i < cut and i not in kept),
+            pinned=tuple(i for i in pins if i < cut and i not in kept), pins=pins,
             recent_turns=kept_turns[cut], target=target, budget_tokens=max(0, room),
             overrides=tuple(sorted(overrides.items())), reason=reason, level=level,
             before=state.tokens_at(view, c),
@@ -794,6 +797,7 @@ class Engine:
         return self.dialect.is_kept(message) or self.dialect.is_synthetic(message)
 
     def _shrink_tail(self, view: _View, cut: int, c: int, excess: int, *, tool_only: bool,
+                     pins: Sequence[int] = (),
                      overrides: dict[int, tuple[str, Any, int]] | None = None
                      ) -> dict[int, tuple[str, Any, int]]:
         """Head+tail truncate the largest kept messages of ``[cut, c)`` until ``excess``
@@ -810,7 +814,8 @@ class Engine:
                     current = size[i]
                     if excess <= 0 or current <= _TRUNCATE_FLOOR // 2:
                         break
-                    if view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i]):
+                    if (view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i])
+                            or i in pins):
                         continue
                     if tool_only and self.dialect.role(msgs[i]) != "tool":
                         continue
@@ -835,7 +840,7 @@ class Engine:
         if excess <= 0:
             return entry
         overrides = self._shrink_tail(view, entry.cut, plan.c, excess, tool_only=False,
-                                      overrides=entry.overrides)
+                                      pins=plan.pins, overrides=entry.overrides)
         return replace(entry, overrides=overrides)
 
     def _shrink(self, message: Any, tokens: int, keep_tokens: int) -> tuple[Any, int]:
