@@ -684,11 +684,15 @@ class Engine:
         first = next((k for k, s in enumerate(options) if kept_turns[s] <= budget.recent_turns),
                      len(options) - 1)
         pins = self._pins(view, head_len, c)
+        # kept messages before the previous cut are the previous entry's; scan the rest once
+        known = tuple(i for i in state.entry.kept if i >= head_len) if state.entry else ()
+        scan_from = prev_cut if state.entry else head_len
+        candidates = known + tuple(i for i in range(scan_from, options[-1])
+                                   if self._kept_type(msgs[i]))
         k = first
         while True:
             cut = options[k]
-            kept = tuple(i for i in range(head_len, cut)
-                         if is_kept(msgs[i]) or dialect.is_synthetic(msgs[i]))
+            kept = tuple(i for i in candidates if i < cut)
             kept_tokens = sum(view.tokens[i] for i in kept)
             target = budget.target_for(head_fixed + kept_tokens)
             tail = view.prefix[c] - view.prefix[cut]
@@ -750,9 +754,11 @@ class Engine:
         its budget (pinned text aside)."""
         message = rendered.message
         dialect = self.dialect
-        try:
-            tokens = self.meter.count(message) if message is not None else 0
-            text = dialect.text_of(message) if message is not None else ""
+        trusted = rung == "safe" or isinstance(self._strategy_for(rung), CliffStrategy)
+        try:  # the engine counts a third-party strategy's message itself
+            tokens = 0 if message is None else (
+                rendered.tokens if trusted else self.meter.count(message))
+            text = dialect.text_of(message) if message is not None and plan.pinned else ""
         except Exception as exc:
             return _Checked(None, rung, rendered,
                             f"the compaction message cannot be read: {describe_error(exc)}")
