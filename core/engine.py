@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import inspect
 import itertools
 import logging
@@ -673,7 +674,7 @@ class Engine:
         budget = self.budget
         if dialect.thinking_loops():
             cuts = _thinking_safe(cuts, msgs, c, dialect)
-        kept_turns = {s: sum(1 for t in turn_starts if t >= s) for s in cuts}
+        kept_turns = {s: len(turn_starts) - bisect.bisect_left(turn_starts, s) for s in cuts}
         options = [s for s in cuts if kept_turns[s] >= budget.min_recent_turns]
         if not options:
             return None  # nothing new to compact without breaking min_recent_turns
