@@ -184,7 +184,14 @@ def describe_error(exc: BaseException) -> str:
     exception's message may quote the history: it is left out."""
     if isinstance(exc, AgentCompactError):
         return f"{type(exc).__name__}: {exc}"
-    return f"{type(exc).__name__} (message withheld: it may quote the history)"
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:  # where it was raised: a function and a line, never a value
+        code = tb.tb_frame.f_code
+        where = f" in {code.co_name} ({code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})"
+    return f"{type(exc).__name__}{where} (message withheld: it may quote the history)"
 
 
 def _rendered_or_error(rendered: Any) -> tuple[Rendered | None, str | None]:
