@@ -349,6 +349,7 @@ class Engine:
         self._fixed_cache: dict[str, int] = {}
         self._fixed_last: tuple[tuple[Any, Any, Any], int] | None = None
         self._warned = False
+        self._warned_fixed = False
         self._min_budget = _min_budget(self.strategy)
         self._plugins_key: tuple[int, ...] | None = None
         self._seed = ""
@@ -711,6 +712,12 @@ class Engine:
             ):
                 break
             k += 1
+        if head_fixed + kept_tokens >= budget.trigger and not self._warned_fixed:
+            self._warned_fixed = True
+            log.warning("agentcompact: the fixed part of the request (%d tokens: system "
+                        "prompt, tools, instructions) reaches the trigger (%d tokens); "
+                        "compaction cannot bring the context under it", head_fixed + kept_tokens,
+                        budget.trigger)
         overrides: dict[int, tuple[str, Any, int]] = {}
         if room < self._min_budget:  # make room: truncate the largest kept tool outputs
             overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True,
