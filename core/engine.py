@@ -272,11 +272,13 @@ class Engine:
     :param counter: ``"tiktoken"`` (default, o200k_base), ``"tiktoken:ENC"``, ``"hf:PATH"``,
         ``"chars"`` or a ``TokenCounter``.
     :param store: a ``PrefixStore`` (default: in-memory LRU); share one between engines
-        (or proxy workers) to share compacted prefixes.
+        of the same settings (or proxy workers) to share compacted prefixes.
     :param plugins: a pluggy ``PluginManager`` (default: the process-wide one).
     :param strict: raise ``OverBudgetError`` when the context is still over the budget's
         limit after every escalation (default: send it anyway and flag ``over_budget``).
-    :param episode_id: stamped on events for RL export.
+    :param episode_id: stamped on events for RL export, and the scope of the prefix-store
+        keys: engines of other episodes never reuse its compactions (``new_episode()``
+        starts a new one).
     :param strategy_settings: keyword arguments for the strategy factory.
     :param summarizer: for the LLM strategies (``summary``, ``parallel``): a
         :class:`~agentcompact.summarizer.Summarizer`, or a dict of its settings.
