@@ -3,14 +3,20 @@
 ``Engine.compact(messages)`` returns the list to send. Rules it keeps for any strategy:
 
 - **never compact a compaction**: strategies receive original messages; a compaction
-  message that comes back as input is never rendered again;
+  message that comes back as input is carried on verbatim, never rendered again;
 - **prefix store**: a compaction is stored under the chain digest of the original prefix
-  it replaced; later calls carrying that prefix reuse the identical compacted prefix until
-  the next cliff (cache hits). A long history arriving at once is compacted by replaying
+  it replaced (seeded with the engine's settings fingerprint and episode); later calls
+  carrying that prefix reuse the identical compacted prefix until the next cliff (cache
+  hits). A long history arriving at once is compacted by replaying
   the threshold crossings at each turn start, so it gets the result an incrementally
   called engine would have;
-- **fail-open**: a strategy that raises yields the cliff result (or the uncompacted
-  history when even that fails); the error goes to ``on_compaction``, never the context;
+- **one-way pipeline**: view → decide → plan the cut → render → validate → store →
+  assemble → report; the engine checks validity (dialect rules, the thinking-loop rule),
+  pins, kept messages (instructions, opaque items, compaction messages fed back in) and
+  the budget for any strategy, and stores only what passed;
+- **fail-open**: a strategy that raises or fails a check yields the cliff result, then a
+  plain safe cut, then the uncompacted history — every rung validated; the errors and the
+  rung go to ``on_compaction`` (no message content), never the context;
 - **deterministic**; the caller's list and messages are never mutated; kept messages are
   passed through by reference.
 """
