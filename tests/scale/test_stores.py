@@ -20,7 +20,8 @@ from agentcompact.stores import SharedPrefixStore, store_from_url
 from agentcompact.stores.sqlite_store import SQLiteBackend
 from tests.integrations.proxy.histories import chat_history
 
-from .conftest import RedisServer, free_port
+from .conftest import RedisServer
+from .proxies import free_port
 
 ENTRY = PrefixEntry(1, 4, {"role": "user", "content": "[compacted] 3 messages"}, 9, "cliff",
                     1, {5: ("d1g3st", {"role": "tool", "tool_call_id": "c", "content": "x…"}, 2)})
