@@ -11,8 +11,9 @@ Keys, under a namespace (``agentcompact:`` by default):
   that knew another epoch re-reads every key.
 
 A save is one ``MULTI``/``EXEC`` transaction (entry, counter, log), so a reader sees a
-whole entry or none. "Keys saved after counter n" is one Lua script reading the counter
-and the tail of the log together; when the log no longer reaches back (trimmed, or the
+whole entry or none. "Nothing saved since counter n" is one ``MGET`` (counter, epoch);
+"keys saved after counter n" one Lua script reading the counter and the tail of the log
+together; when the log no longer reaches back (trimmed, or the
 server lost its data) the caller re-reads every key (``SCAN``).
 """
 
@@ -88,6 +89,10 @@ class RedisBackend:
             tx.execute()
 
     def changes(self, since: int | None) -> tuple[int, list[str] | None]:
+        if since is not None and self._epoch:  # the common case, nothing new: one MGET
+            seq, epoch = self._redis.mget(self._seq, self._epoch_key)
+            if epoch == self._epoch and int(seq or 0) == since:
+                return since, []
         answer = self._changes(keys=[self._seq, self._log, self._epoch_key],
                                args=[-1 if since is None else since, self._epoch])
         seq, kind, self._epoch = int(answer[0]), int(answer[1]), answer[2]
