@@ -85,22 +85,28 @@ class RayEpisodes:
         cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]  # ray: no annotations
         actors = max(1, min(self._requested or cpus, len(items)))
         data = ray.data.DataContext.get_current()
-        data.execution_options.preserve_order = True
-        data.enable_progress_bars = False
+        saved = (data.execution_options.preserve_order, data.enable_progress_bars,
+                 data.print_on_execution_start)
+        data.execution_options.preserve_order = True  # rows in job order: the same files
+        data.enable_progress_bars = data.print_on_execution_start = False
         blocks = max(1, min(len(items), actors * 4))
         ctx = self.ctx
-        dataset = ray.data.from_items(items, override_num_blocks=blocks).map_batches(
-            _EpisodeActor, batch_size=self.batch_size, batch_format="numpy",
-            fn_constructor_args=(ctx.logs, ctx.tok, ctx.opts, _export._log_levels(),
-                                 logging.root.manager.disable),
-            concurrency=actors, num_cpus=1)
-        for row in dataset.iter_rows():
-            ok, value = pickle.loads(row["done"])
-            if not ok:
-                raise value
-            future: Future[Any] = Future()
-            future.set_result(value)
-            yield _export._Episodes._take(future)  # its log records, as from a worker
+        try:
+            dataset = ray.data.from_items(items, override_num_blocks=blocks).map_batches(
+                _EpisodeActor, batch_size=self.batch_size, batch_format="numpy",
+                fn_constructor_args=(ctx.logs, ctx.tok, ctx.opts, _export._log_levels(),
+                                     logging.root.manager.disable),
+                compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1)
+            for row in dataset.iter_rows():
+                ok, value = pickle.loads(row["done"])
+                if not ok:
+                    raise value
+                future: Future[Any] = Future()
+                future.set_result(value)
+                yield _export._Episodes._take(future)  # its log records, as from a worker
+        finally:
+            (data.execution_options.preserve_order, data.enable_progress_bars,
+             data.print_on_execution_start) = saved
 
 
 def export_runs_ray(
