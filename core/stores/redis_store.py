@@ -73,7 +73,7 @@ class RedisBackend:
         self._changes = self._redis.register_script(_CHANGES)
         self._seq, self._log = f"{self.prefix}seq", f"{self.prefix}log"
         self._epoch_key = f"{self.prefix}epoch"
-        self._epoch = b""  # the epoch the last ``changes`` saw
+        self._epoch: bytes | None = None  # the epoch the last ``changes`` saw (b"": none)
 
     def load(self, key: str) -> bytes | None:
         data: bytes | None = self._redis.get(self.prefix + "e:" + key)
@@ -89,12 +89,12 @@ class RedisBackend:
             tx.execute()
 
     def changes(self, since: int | None) -> tuple[int, list[str] | None]:
-        if since is not None and self._epoch:  # the common case, nothing new: one MGET
+        if since is not None and self._epoch is not None:  # nothing new: one MGET
             seq, epoch = self._redis.mget(self._seq, self._epoch_key)
-            if epoch == self._epoch and int(seq or 0) == since:
+            if (epoch or b"") == self._epoch and int(seq or 0) == since:
                 return since, []
         answer = self._changes(keys=[self._seq, self._log, self._epoch_key],
-                               args=[-1 if since is None else since, self._epoch])
+                               args=[-1 if since is None else since, self._epoch or b""])
         seq, kind, self._epoch = int(answer[0]), int(answer[1]), answer[2]
         if kind < 0 or since is None:
             return seq, None
