@@ -118,12 +118,12 @@ class SharedPrefixStore:
                 if hit is not None:
                     return hit
             raw = self._call("load", key)
-            if raw is None:
-                if self._available():  # gone (evicted, expired): forget it
-                    self._known.discard(key)
-                    self._stale.discard(key)
-                    return None
-                return self._cache.get(key)  # backend down: what this process has
+            if raw is _FAILED:  # backend down: what this process has
+                return self._cache.get(key)
+            if raw is None:  # gone (evicted, expired): forget it
+                self._known.discard(key)
+                self._stale.discard(key)
+                return None
             self._stats["fetched"] += 1
             entry = decode_entry(raw)
             if entry is None:

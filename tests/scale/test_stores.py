@@ -158,11 +158,15 @@ def test_sqlite_locked_by_another_process_is_fail_open(
 
 def test_redis_down_and_back(redis_server: RedisServer, redis_url: str) -> None:
     store = store_from_url(redis_url + "?retry_after=0")
+    other = store_from_url(redis_url)
     assert isinstance(store, SharedPrefixStore)
     store.put("k", ENTRY)
+    other.put("theirs", ENTRY)
+    assert store.version  # knows "theirs", has not fetched it
     redis_server.stop()
     try:
         assert store.get("k") == ENTRY  # from this process's cache
+        assert store.get("theirs") is None  # cannot be fetched now: a miss, no error
         store.put("down", ENTRY)
         engine = Engine("cliff", "openai_chat", trigger_tokens=3000, target_tokens=1500,
                         counter="chars", store=store)
@@ -174,8 +178,8 @@ def test_redis_down_and_back(redis_server: RedisServer, redis_url: str) -> None:
         redis_server.start()
     store.version  # noqa: B018
     assert store.status()["written_back"] == pending
-    other = store_from_url(redis_url)
-    assert other.get("down") == ENTRY
+    assert store.get("theirs") is None  # the server restarted empty: lost with it
+    assert store_from_url(redis_url).get("down") == ENTRY
 
 
 def test_redis_unreachable_from_the_start() -> None:
