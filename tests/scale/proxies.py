@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from agentcompact.integrations.upstream_sim import filler_text
+from tests.integrations.proxy.histories import anthropic_history
 
 CLI = [sys.executable, "-m", "agentcompact.cli", "proxy"]
 
@@ -77,20 +77,11 @@ class ProxyProcess:
         self.proc = None
 
 
-def session_turn(turns: int, result_tokens: int = 300) -> dict[str, Any]:
+def session_turn(turns: int) -> dict[str, Any]:
     """An Anthropic request body of a coding session after ``turns`` tool rounds (what a
     client sends: the whole original history every time)."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing test."}]
-    for t in range(turns):
-        messages.append({"role": "assistant", "content": [
-            {"type": "text", "text": f"Reading file_{t}.py."},
-            {"type": "tool_use", "id": f"toolu_{t}", "name": "read_file",
-             "input": {"path": f"src/file_{t}.py"}}]})
-        messages.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": f"toolu_{t}",
-             "content": f"# file_{t}.py\n" + filler_text(result_tokens)}]})
     return {"model": "claude-sim", "max_tokens": 32, "system": "You are a coding agent.",
-            "messages": messages}
+            "messages": anthropic_history(turns)}
 
 
 def send(proxy: ProxyProcess, body: dict[str, Any]) -> None:
