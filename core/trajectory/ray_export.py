@@ -97,13 +97,14 @@ class RayEpisodes:
                 fn_constructor_args=(ctx.logs, ctx.tok, ctx.opts, _export._log_levels(),
                                      logging.root.manager.disable),
                 compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1)
-            for row in dataset.iter_rows():
-                ok, value = pickle.loads(row["done"])
-                if not ok:
-                    raise value
-                future: Future[Any] = Future()
-                future.set_result(value)
-                yield _export._Episodes._take(future)  # its log records, as from a worker
+            for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+                for raw in batch["done"]:
+                    ok, value = pickle.loads(raw)
+                    if not ok:
+                        raise value
+                    future: Future[Any] = Future()
+                    future.set_result(value)
+                    yield _export._Episodes._take(future)  # its log records, as a worker's
         finally:
             (data.execution_options.preserve_order, data.enable_progress_bars,
              data.print_on_execution_start) = saved
