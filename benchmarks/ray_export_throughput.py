@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU of local workers=1: {cpu1:.2f} s, of which episodes {work:.2f} s "
           f"({work / episodes * 1000:.1f} ms each) and the rest (index pass, writing) "
           f"{serial:.2f} s; the Ray driver's process: {driver:.2f} s (Ray's threads included)")
+    print(f"  the Ray driver's measured CPU bounds any number of workers at "
+          f"{episodes / driver:.1f} episodes/s ({cpu1 / driver:.1f}x local workers=1)")
     for n in (2, 4, 8, 16, 32):
         t = max(serial, work / n)
         print(f"  on paper, {n:>2} workers: {episodes / t:8.1f} episodes/s "
