@@ -3,6 +3,7 @@ serialization errors that name the type, and fail-open when the backend is away.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sqlite3
@@ -240,3 +241,17 @@ def test_memory_url() -> None:
     store = store_from_url("memory:")
     store.put("k", ENTRY)
     assert store.get("k") == ENTRY and not os.environ.get("NOTHING_WRITTEN")
+
+
+def test_proxy_store_flag_and_environment(tmp_path: Path) -> None:
+    from agentcompact.integrations.proxy import ProxyConfig, create_app
+    from agentcompact.integrations.proxy.cli import _add_arguments, build_config
+
+    config = ProxyConfig.from_env({"AGENTCOMPACT_STORE": f"sqlite:///{tmp_path}/p.db"})
+    app = create_app(config)
+    assert isinstance(app.state.proxy.store, SharedPrefixStore)
+    parser = argparse.ArgumentParser()
+    _add_arguments(parser)
+    assert build_config(parser.parse_args(["--store", "memory:"])).store == "memory:"
+    with pytest.raises(StoreError, match="scheme 'mongodb'"):  # cli.run: exit status 2
+        create_app(config.replace(store="mongodb://x"))
