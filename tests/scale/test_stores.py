@@ -255,3 +255,28 @@ def test_proxy_store_flag_and_environment(tmp_path: Path) -> None:
     assert build_config(parser.parse_args(["--store", "memory:"])).store == "memory:"
     with pytest.raises(StoreError, match="scheme 'mongodb'"):  # cli.run: exit status 2
         create_app(config.replace(store="mongodb://x"))
+
+
+def test_concurrent_writers_leave_whole_entries(open_store: StoreFactory) -> None:
+    """Two writers (own connections, as two processes) each put their own entry under the
+    same 150 keys at once: every entry read back is whole, one of the two written."""
+    import threading
+
+    writers = [open_store(), open_store()]
+    entries = {w: PrefixEntry(1, 4, {"role": "user", "content": f"writer {w} " * 200}, 9,
+                              "cliff") for w in range(2)}
+
+    def write(w: int) -> None:
+        for i in range(150):
+            writers[w].put(f"k{i}", entries[w])
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reader = open_store()
+    assert reader.version
+    for i in range(150):
+        assert reader.get(f"k{i}") in entries.values()
+    assert all(w.status()["failures"] == 0 for w in writers)
