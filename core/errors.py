@@ -11,6 +11,7 @@ The hierarchy::
     ├── CompactionError        a strategy failed (the engine falls back, and reports it)
     │   └── SummarizerError    the summarizer endpoint failed, timed out or overflowed
     ├── OverBudgetError        strict mode: the context is still over budget after escalation
+    ├── StoreError             a prefix store URL is bad, or an entry cannot be serialized
     └── TrajectoryError        a trajectory file cannot be read
         └── TornLineError      the last line of an event log was cut by a crash
 
@@ -26,6 +27,7 @@ __all__ = [
     "DialectError",
     "OverBudgetError",
     "PluginError",
+    "StoreError",
     "SummarizerError",
     "TokenizerError",
     "TornLineError",
@@ -80,6 +82,12 @@ class OverBudgetError(AgentCompactError):
         super().__init__(message)
         self.tokens = tokens
         self.limit = limit
+
+
+class StoreError(AgentCompactError, ValueError):
+    """A prefix store URL is invalid, or an entry cannot be serialized for a persistent
+    store (the message names the type, never the content). An unreachable store is not an
+    error: stores are fail-open."""
 
 
 class TrajectoryError(AgentCompactError, ValueError):

@@ -722,12 +722,17 @@ def export_runs(
     out_dir: str | os.PathLike[str],
     tokenizer: ChatTokenizer | str | os.PathLike[str],
     options: ExportOptions | None = None,
+    *,
+    runner: Any = None,
 ) -> dict[str, Any]:
     """Export recorded runs (run folders or ``events.jsonl`` files) to ``out_dir``.
 
     :param runs: event logs; an episode may not span two logs.
     :param out_dir: created if missing; existing segment files in it are an error.
     :param tokenizer: the trainer's tokenizer (name, path, or a ``ChatTokenizer``).
+    :param runner: what exports the episodes, ``(context, workers, start_method)`` → a
+        context manager with ``run(jobs)`` yielding their results in order (default: this
+        process or its worker processes; ``ray_export`` passes a Ray Data one).
     :returns: the manifest (also written to ``out_dir/manifest.json``).
     """
     opts = options or ExportOptions()
@@ -746,8 +751,8 @@ def export_runs(
         1 for ep in index.episodes.values() if not ep.calls))
     total = sum(len(eps) for eps in groups.values())
     start_method = opts.start_method or default_start_method()
-    episodes = _Episodes(_Context(index.logs, tok, opts), _workers(opts, total, start_method),
-                         start_method)
+    episodes = (runner or _Episodes)(_Context(index.logs, tok, opts),
+                                     _workers(opts, total, start_method), start_method)
     with episodes:  # worker processes (if any) start before the writer opens files
         writer = _Writer(out, opts)
         try:

@@ -68,6 +68,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="processes exporting episodes (the rows are the same for any N); "
                    f"default: the available CPUs, at most {MAX_AUTO_WORKERS}, fewer for a "
                    "small export; 1: all in this process")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="export the episodes on Ray Data (extra 'ray'): ADDRESS of a cluster "
+                   "(auto, ray://host:10001); alone: RAY_ADDRESS, else a local Ray. The run "
+                   "logs must be at the same path on every node")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -93,7 +97,13 @@ def run(args: argparse.Namespace) -> int:
                 count = import_trajectories(files, events)
                 logger.info("converted %d trajectories to %s", count, events)
                 logs.append(str(events))
-            manifest = export_runs(logs, args.out, args.tokenizer, _options(args))
+            if args.ray is not None:
+                from .ray_export import export_runs_ray
+
+                manifest = export_runs_ray(logs, args.out, args.tokenizer, _options(args),
+                                           address=args.ray or None)
+            else:
+                manifest = export_runs(logs, args.out, args.tokenizer, _options(args))
     except AgentCompactError as exc:
         print(f"agentcompact export: error: {exc}", file=sys.stderr)
         return 1

@@ -161,7 +161,7 @@ class CompactionProxy:
                  store: PrefixStore | None = None) -> None:
         self.config = config
         self.pm = plugins if plugins is not None else get_plugin_manager()
-        self.store = store if store is not None else InMemoryPrefixStore()
+        self.store = store if store is not None else _store(config.store)
         self.engines = EnginePool(config, self.pm, self.store)
         #: recent bodies with their parsed messages: a session's next request only parses
         #: what is new (and keeps the engine's per-message caches hitting, by identity)
@@ -193,6 +193,7 @@ class CompactionProxy:
             target=self.engines.budget.target, shadow=c.shadow, strict=c.strict,
             recording=c.record is not None,
             store_entries=len(self.store) if isinstance(self.store, Sized) else None,
+            store=_store_status(self.store),
             parse_reuse={"bodies": len(self.bodies), "hits": self.bodies.hits,
                          "misses": self.bodies.misses},
         ))
@@ -561,6 +562,20 @@ class ProxyApp(Starlette):
             watch = scope[WATCH_KEY]
             if watch:
                 watch.close()
+
+
+def _store(url: str) -> PrefixStore:
+    if url == "memory:":
+        return InMemoryPrefixStore()
+    from agentcompact.stores import store_from_url
+
+    return store_from_url(url)
+
+
+def _store_status(store: PrefixStore) -> dict[str, Any] | None:
+    """A shared store's counters (backend, availability, failures), else ``None``."""
+    status = getattr(store, "status", None)
+    return status() if callable(status) else None
 
 
 def create_app(config: ProxyConfig | None = None, *, plugins: pluggy.PluginManager | None = None,

@@ -48,6 +48,8 @@ class ProxyConfig:
     :param connect_timeout: seconds to connect to an upstream.
     :param read_timeout: seconds between two bytes of an upstream answer.
     :param log_requests: emit one JSON log line per handled request.
+    :param store: prefix store URL (``memory:``, ``sqlite:///PATH``, ``redis://HOST:PORT``):
+        replicas given one shared URL send the same compacted prefixes (docs/deploy.md).
     """
 
     host: str = "127.0.0.1"
@@ -68,6 +70,7 @@ class ProxyConfig:
     connect_timeout: float = 30.0
     read_timeout: float = 600.0
     log_requests: bool = True
+    store: str = "memory:"
 
     def __post_init__(self) -> None:
         if self.trigger <= 0:
