@@ -421,13 +421,22 @@ def _deliver(prepared: _Prepared, response: Any, kind: str, mode: str, stream: b
     if not prepared.session.record or kind == "count":
         return response
     if mode == "raw":
-        if not stream:  # LegacyAPIResponse.parse() caches: the caller's parse() is the same
+        if not stream:  # parse() caches: the caller's own parse() gets the same object
             prepared.finish_object(response.parse())
         return response  # a raw stream is the caller's to read: not recorded
     if stream:
         return _LoggedStream(response, prepared)
     prepared.finish_object(response)
     return response
+
+
+async def _adeliver(prepared: _Prepared, response: Any, kind: str, mode: str, stream: bool
+                    ) -> Any:
+    if mode == "raw" and not stream and prepared.session.record and kind != "count":
+        parsed = response.parse()  # async in anthropic's AsyncAPIResponse
+        prepared.finish_object(await parsed if inspect.isawaitable(parsed) else parsed)
+        return response
+    return _deliver(prepared, response, kind, mode, stream)
 
 
 def _wrap_call(session: Session, endpoint: _Endpoint, method: Callable[..., Any], kind: str,
@@ -444,7 +453,7 @@ def _wrap_call(session: Session, endpoint: _Endpoint, method: Callable[..., Any]
         async def acall(**kwargs: Any) -> Any:
             prepared = _Prepared(session, endpoint, kwargs)
             response = await method(**await prepared.acompact())
-            return _deliver(prepared, response, kind, mode, kwargs.get("stream") is True)
+            return await _adeliver(prepared, response, kind, mode, kwargs.get("stream") is True)
         return acall
 
     def call(**kwargs: Any) -> Any:

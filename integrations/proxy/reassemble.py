@@ -126,7 +126,8 @@ def _rl_fields(out: Reassembled, body: dict[str, Any], choice: dict[str, Any]) -
 def _logprob_values(logprobs: Any) -> list[float] | None:
     if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
         return None
-    return [e.get("logprob") for e in logprobs["content"] if isinstance(e, dict)]
+    content: list[Any] = logprobs["content"]
+    return [e.get("logprob") for e in content if isinstance(e, dict)]  # as sent
 
 
 class Reassembler:
