@@ -127,7 +127,8 @@ def _logprob_values(logprobs: Any) -> list[float] | None:
     if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
         return None
     content: list[Any] = logprobs["content"]
-    return [e.get("logprob") for e in content if isinstance(e, dict)]  # as sent
+    values: list[Any] = [e.get("logprob") for e in content if isinstance(e, dict)]
+    return values  # as sent, never converted
 
 
 class Reassembler:
