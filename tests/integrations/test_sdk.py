@@ -369,50 +369,33 @@ async def _adrain(result: Any) -> None:
         pass
 
 
-# (resource path, method, how the result is consumed, kwargs factory, route, dialect, logged)
+# per dialect: (kwargs factory, route), then "resource.method how-the-result-is-consumed"
+_ENDPOINT_CASES: dict[str, tuple[Callable[[], dict[str, Any]], str, list[str]]] = {
+    "openai_chat": (chat_kwargs, "/v1/chat/completions", [
+        "chat.completions.create object", "chat.completions.create stream",
+        "chat.completions.parse object", "chat.completions.stream manager",
+        "chat.completions.with_raw_response.create raw",
+        "chat.completions.with_raw_response.parse raw",
+        "chat.completions.with_streaming_response.create streaming",
+        "beta.chat.completions.create object"]),
+    "openai_responses": (responses_kwargs, "/v1/responses", [
+        "responses.create object", "responses.create stream", "responses.parse object",
+        "responses.stream manager", "responses.with_raw_response.create raw",
+        "responses.with_streaming_response.create streaming", "beta.responses.create object"]),
+    "anthropic": (claude_kwargs, "/v1/messages", [
+        "messages.create object", "messages.create stream", "messages.parse object",
+        "messages.stream manager", "messages.count_tokens object",
+        "messages.with_raw_response.create raw",
+        "messages.with_streaming_response.create streaming", "beta.messages.create object",
+        "beta.messages.stream manager"]),
+}
+# (resource path, method, consumed as, kwargs factory, route, dialect, logged)
 CALL_PATHS = [
-    ("chat.completions", "create", "object", chat_kwargs, "/v1/chat/completions",
-     "openai_chat", True),
-    ("chat.completions", "create", "stream", chat_kwargs, "/v1/chat/completions",
-     "openai_chat", True),
-    ("chat.completions", "parse", "object", chat_kwargs, "/v1/chat/completions",
-     "openai_chat", True),
-    ("chat.completions", "stream", "manager", chat_kwargs, "/v1/chat/completions",
-     "openai_chat", True),
-    ("chat.completions.with_raw_response", "create", "raw", chat_kwargs,
-     "/v1/chat/completions", "openai_chat", True),
-    ("chat.completions.with_raw_response", "parse", "raw", chat_kwargs,
-     "/v1/chat/completions", "openai_chat", True),
-    ("chat.completions.with_streaming_response", "create", "streaming", chat_kwargs,
-     "/v1/chat/completions", "openai_chat", False),
-    ("beta.chat.completions", "create", "object", chat_kwargs, "/v1/chat/completions",
-     "openai_chat", True),
-    ("responses", "create", "object", responses_kwargs, "/v1/responses",
-     "openai_responses", True),
-    ("responses", "create", "stream", responses_kwargs, "/v1/responses",
-     "openai_responses", True),
-    ("responses", "parse", "object", responses_kwargs, "/v1/responses",
-     "openai_responses", True),
-    ("responses", "stream", "manager", responses_kwargs, "/v1/responses",
-     "openai_responses", True),
-    ("responses.with_raw_response", "create", "raw", responses_kwargs, "/v1/responses",
-     "openai_responses", True),
-    ("responses.with_streaming_response", "create", "streaming", responses_kwargs,
-     "/v1/responses", "openai_responses", False),
-    ("beta.responses", "create", "object", responses_kwargs, "/v1/responses",
-     "openai_responses", True),
-    ("messages", "create", "object", claude_kwargs, "/v1/messages", "anthropic", True),
-    ("messages", "create", "stream", claude_kwargs, "/v1/messages", "anthropic", True),
-    ("messages", "parse", "object", claude_kwargs, "/v1/messages", "anthropic", True),
-    ("messages", "stream", "manager", claude_kwargs, "/v1/messages", "anthropic", True),
-    ("messages", "count_tokens", "object", claude_kwargs, "/v1/messages/count_tokens",
-     "anthropic", False),
-    ("messages.with_raw_response", "create", "raw", claude_kwargs, "/v1/messages",
-     "anthropic", True),
-    ("messages.with_streaming_response", "create", "streaming", claude_kwargs,
-     "/v1/messages", "anthropic", False),
-    ("beta.messages", "create", "object", claude_kwargs, "/v1/messages", "anthropic", True),
-    ("beta.messages", "stream", "manager", claude_kwargs, "/v1/messages", "anthropic", True),
+    (spec.rsplit(" ")[0].rsplit(".", 1)[0], spec.split(" ")[0].rsplit(".", 1)[1],
+     spec.split(" ")[1], factory,
+     route + ("/count_tokens" if "count_tokens" in spec else ""), dialect,
+     "streaming" not in spec and "count_tokens" not in spec)
+    for dialect, (factory, route, specs) in _ENDPOINT_CASES.items() for spec in specs
 ]
 
 
