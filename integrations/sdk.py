@@ -226,12 +226,14 @@ class _Prepared:
         self.result: CompactionResult | None = None
         self.messages: list[Any] | None = None
         native = kwargs.get(endpoint.key)
+        if _given(native) and not isinstance(native, (str, list, tuple)):
+            if not hasattr(native, "__iter__") or isinstance(native, (bytes, Mapping)):
+                raise DialectError(f"{endpoint.dialect}: {endpoint.key} is "
+                                   f"{type(native).__name__}, not a list of messages")
+            native = list(native)  # the SDKs take any iterable: read it once, here
+            self.kwargs = kwargs = {**kwargs, endpoint.key: native}
         self.active = isinstance(native, (list, tuple)) and not _given(
             kwargs.get("previous_response_id"))
-        if native is not None and not self.active and not isinstance(native, str) and _given(
-                native) and not isinstance(native, (list, tuple)):
-            raise DialectError(f"{endpoint.dialect}: {endpoint.key} is "
-                               f"{type(native).__name__}, not a list of messages")
         if self.active:
             self.native = _plain(native)
             for i, message in enumerate(self.native):

@@ -600,13 +600,16 @@ def test_options_are_checked_when_wrapping() -> None:
         "openai_chat"].budget.recent_turns == 1
 
 
-def test_messages_are_checked_at_call_time(oai: Any, pm: Any) -> None:
+def test_messages_are_checked_at_call_time(server: RunningServer, oai: Any, pm: Any) -> None:
     client = wrap(oai, pm)
     with pytest.raises(DialectError, match=r"openai_chat: messages\[1\] is str"):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"},
                                                             "a string"])
     with pytest.raises(DialectError, match=r"openai_responses: input is int"):
         client.responses.create(model="m", input=3)
+    history = [{"role": "user", "content": "Fix the bug."}]
+    client.chat.completions.create(model="m", messages=iter(history))  # any iterable
+    assert bodies(server, "/v1/chat/completions")[-1]["messages"] == history
 
 
 def test_a_failing_recorder_never_breaks_the_callers_stream(
