@@ -327,7 +327,7 @@ class _OpenAIDicts:
     """LangChain messages as JSON-safe OpenAI chat dicts, converted once per message object
     (messages are immutable values once sent; a call's dicts are shared, not copied)."""
 
-    def __init__(self, max_entries: int = 50_000) -> None:
+    def __init__(self, max_entries: int = 20_000) -> None:
         self._by_id: dict[int, tuple[BaseMessage, Any]] = {}
         self._max = max_entries
         self._lock = threading.Lock()
@@ -349,20 +349,19 @@ class _OpenAIDicts:
         return out
 
 
-_CONVERTED = _OpenAIDicts()
-
-
 def model_call_from_langchain(
     sent: Sequence[BaseMessage], response: BaseMessage, *, episode_id: str,
     group_id: str | None = None, usage: Mapping[str, Any] | None = None,
     model: str | None = None, request: Mapping[str, Any] | None = None,
+    _convert: Callable[[Sequence[BaseMessage]], list[Any]] | None = None,
 ) -> ModelCall:
     """A :class:`ModelCall` for LangChain messages (converted to OpenAI chat dicts).
 
     ``compacted`` is true when the context sent holds a compaction message (the same as
     ``CompactionResult.modified`` for the call that produced it).
     """
-    messages = _CONVERTED(sent)
+    messages = (_convert(sent) if _convert is not None
+                else [_json_safe(convert_to_openai_messages(m)) for m in sent])
     reply = convert_to_openai_messages(response)
     return ModelCall(
         episode_id=episode_id, dialect="openai_chat", messages=messages,
@@ -583,6 +582,7 @@ class ModelCallLogger(BaseCallbackHandler):
         self.episode_id = episode_id or new_id()
         self.group_id = group_id
         self.pm = plugins
+        self._dicts = _OpenAIDicts()  # each message converted once for this logger
         self._pending: dict[UUID, tuple[list[BaseMessage], dict[str, Any], dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
@@ -608,6 +608,7 @@ class ModelCallLogger(BaseCallbackHandler):
                  or message.response_metadata.get("model_name") or request.get("model"))
         call = model_call_from_langchain(
             sent, message, usage=_usage_of(message, response), model=model, request=request,
+            _convert=self._dicts,
             episode_id=metadata.get("agentcompact_episode_id") or self.episode_id,
             group_id=metadata.get("agentcompact_group_id") or self.group_id)
         log_model_call(call, self.pm)
@@ -669,6 +670,7 @@ class CompactionMiddleware(AgentMiddleware):
         self.tools = []
         self.last_result: CompactionResult | None = None
         self._fixed = _FixedTokens(self.engine)
+        self._dicts = _OpenAIDicts()  # each message converted once for this middleware
 
     def _fixed_tokens(self, request: ModelRequest) -> int:
         return self._fixed(request.system_message, request.tools)
@@ -687,7 +689,7 @@ class CompactionMiddleware(AgentMiddleware):
                   for t in request.tools if not isinstance(t, Mapping)]
         model = getattr(request.model, "model_name", None) or getattr(request.model, "model", None)
         call = model_call_from_langchain(
-            [*sent, *request.messages], message, episode_id=self.episode_id,
+            [*sent, *request.messages], message, episode_id=self.episode_id, _convert=self._dicts,
             group_id=self.group_id, model=str(model) if model else None,
             request={"tools": tools} if tools else {})
         log_model_call(call, self.engine.pm)
