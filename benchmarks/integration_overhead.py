@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=150_000, help="starting history size")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--turn-words", type=int, default=600, help="words per tool output")
-    parser.add_argument("--first-calls", type=int, default=5, help="fresh first calls timed")
+    parser.add_argument("--first-calls", type=int, default=9, help="fresh first calls timed")
     args = parser.parse_args()
 
     trigger = int(args.tokens * 1.05)
