@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+import operator
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,20 +67,60 @@ def _given(value: Any) -> bool:
     return value is not None and type(value).__name__ not in ("NotGiven", "Omit")
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _plain(value: Any) -> Any:
     """``value`` with SDK model objects turned into dicts (the same object when none)."""
+    if isinstance(value, _SCALARS):
+        return value
     if isinstance(value, dict):
-        items = {k: _plain(v) for k, v in value.items()}
-        return value if all(items[k] is value[k] for k in value) else items
+        out: dict[Any, Any] | None = None
+        for key, item in value.items():
+            plain = _plain(item)
+            if plain is not item:
+                if out is None:
+                    out = dict(value)
+                out[key] = plain
+        return value if out is None else out
     if isinstance(value, (list, tuple)):
-        out = [_plain(v) for v in value]
-        if isinstance(value, list) and all(a is b for a, b in zip(out, value, strict=True)):
+        items = [_plain(v) for v in value]
+        if isinstance(value, list) and all(map(operator.is_, items, value)):
             return value
-        return out
+        return items
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json", exclude_none=True)
     return value
+
+
+class _Converted:
+    """Each message of a history as a plain dict, and as a JSON-safe copy for the log,
+    converted once per message object (histories are taken as immutable once sent, as
+    the engine takes them): an agent's next call re-sends the same objects."""
+
+    def __init__(self, max_entries: int = 20_000) -> None:
+        self._plain: dict[int, tuple[Any, Any]] = {}
+        self._safe: dict[int, tuple[Any, Any]] = {}
+        self._max = max_entries
+
+    def _each(self, cache: dict[int, tuple[Any, Any]], messages: Sequence[Any],
+              convert: Callable[[Any], Any]) -> list[Any]:
+        out = []
+        for message in messages:
+            hit = cache.get(id(message))
+            if hit is None or hit[0] is not message:
+                if len(cache) >= self._max:
+                    cache.clear()
+                hit = cache[id(message)] = (message, convert(message))
+            out.append(hit[1])
+        return out
+
+    def plain(self, messages: Sequence[Any]) -> list[Any]:
+        return self._each(self._plain, messages, _plain)
+
+    def safe(self, messages: Sequence[Any]) -> list[Any]:
+        return self._each(self._safe, messages, _json_safe)
 
 
 def _dump(value: Any) -> Any:
@@ -139,6 +181,8 @@ class Session:
         self.episode_id = episode_id or new_id()
         self.group_id = group_id
         self.record = record
+        self.converted = _Converted()
+        self.lock = threading.Lock()
 
     def engine(self, dialect: str) -> Engine:
         """The engine compacting messages of ``dialect`` (built on first use)."""
@@ -157,8 +201,10 @@ class Session:
 
     def log(self, dialect: str, messages: list[Any], got: Reassembled,
             kwargs: Mapping[str, Any], result: CompactionResult | None) -> None:
+        with self.lock:
+            safe = self.converted.safe(messages)
         call = ModelCall(
-            episode_id=self.episode_id, dialect=dialect, messages=_json_safe(messages),
+            episode_id=self.episode_id, dialect=dialect, messages=safe,
             response=_json_safe(_unparsed(got.response)), request=_request_fields(kwargs),
             usage=_json_safe(got.usage or {}), model=str(got.model) if got.model else None,
             compacted=bool(result is not None and result.modified), group_id=self.group_id,
@@ -235,7 +281,8 @@ class _Prepared:
         self.active = isinstance(native, (list, tuple)) and not _given(
             kwargs.get("previous_response_id"))
         if self.active:
-            self.native = _plain(native)
+            with session.lock:
+                self.native = session.converted.plain(native)
             for i, message in enumerate(self.native):
                 if not isinstance(message, dict):
                     raise DialectError(f"{endpoint.dialect}: {endpoint.key}[{i}] is "
@@ -274,7 +321,8 @@ class _Prepared:
                 self.endpoint.key)
             if isinstance(sent, str):
                 sent = [{"role": "user", "content": sent}]
-            self.session.log(self.endpoint.dialect, list(_plain(sent) or []), got, self.kwargs,
+            sent = sent if isinstance(sent, list) and self.messages is not None else _plain(sent)
+            self.session.log(self.endpoint.dialect, list(sent or []), got, self.kwargs,
                              self.result)
         except Exception as exc:  # recording must never break the caller's call
             log.error("agentcompact: recording a %s call failed: %s", self.endpoint.dialect,
