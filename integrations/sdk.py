@@ -271,7 +271,7 @@ class _Prepared:
         self.session, self.endpoint, self.kwargs = session, endpoint, kwargs
         self.result: CompactionResult | None = None
         self.messages: list[Any] | None = None
-        native = kwargs.get(endpoint.key)
+        native: Any = kwargs.get(endpoint.key)
         if _given(native) and not isinstance(native, (str, list, tuple)):
             if not hasattr(native, "__iter__") or isinstance(native, (bytes, Mapping)):
                 raise DialectError(f"{endpoint.dialect}: {endpoint.key} is "
@@ -280,7 +280,7 @@ class _Prepared:
             self.kwargs = kwargs = {**kwargs, endpoint.key: native}
         self.active = isinstance(native, (list, tuple)) and not _given(
             kwargs.get("previous_response_id"))
-        if self.active:
+        if self.active and isinstance(native, (list, tuple)):
             with session.lock:
                 self.native = session.converted.plain(native)
             for i, message in enumerate(self.native):
