@@ -1,20 +1,33 @@
 """LangGraph and LangChain integration: a message dialect, a graph node, a pre-model hook,
 an agent middleware, and a callback handler that logs every model call for RL export.
 
-Install with ``pip install agentcompact[langgraph]``. Four ways in, one engine:
+Install with ``pip install agentcompact[langgraph]``. The ways in, one engine each:
 
+- :class:`CompactionMiddleware` — an ``AgentMiddleware`` for ``langchain.agents.create_agent``
+  (the recommended path: LangGraph 1.x deprecates ``create_react_agent``): the model request
+  is compacted in ``wrap_model_call``, every model call of the agent; state is left
+  untouched; each model call is logged.
+- :meth:`CompactionNode.wrap` — a model for your own ``StateGraph`` that compacts its input
+  on every call (``llm = node.wrap(ChatOpenAI(...).bind_tools(tools))``): no edge can reach
+  the model without compaction.
 - :class:`CompactionNode` — a ``StateGraph`` node (sync and async). It reads
   ``state["messages"]`` and returns ``{"llm_input_messages": compacted}`` so the graph state
   keeps the full history and only the model sees the compacted view; with
   ``mode="rewrite"`` it rewrites the state itself
-  (``[RemoveMessage(id=REMOVE_ALL_MESSAGES), *compacted]``) when a compaction applies.
+  (``[RemoveMessage(id=REMOVE_ALL_MESSAGES), *compacted]``) when a compaction applies. Every
+  edge into the model must pass through it: a node that finds the model was called more
+  than once since its last pass raises :class:`~agentcompact.errors.ConfigError` (a stale
+  ``llm_input_messages``).
 - :func:`pre_model_hook` — the same node for ``langgraph.prebuilt.create_react_agent``.
-- :class:`CompactionMiddleware` — an ``AgentMiddleware`` for ``langchain.agents.create_agent``:
-  the model request is compacted in ``wrap_model_call``; state is left untouched; each model
-  call is logged.
 - :class:`ModelCallLogger` — a LangChain callback handler that fires
   ``agentcompact_log_model_call`` for every chat-model call it sees (pass it in
   ``config={"callbacks": [...]}``). Use it with the node or hook; the middleware logs by itself.
+
+The budget counts what the model receives: the messages, the system prompt and the tool
+schemas (the engine's ``fixed_tokens``). The middleware and :meth:`CompactionNode.wrap` see
+them in the request / the model's bound tools; the node and hook are told them
+(``system_prompt=``, ``tools=``), since the prompt and tools of ``create_react_agent`` are
+added after the hook runs.
 
 Logged contexts are LangChain messages converted to OpenAI chat dicts
 (``langchain_core.messages.convert_to_openai_messages``), dialect ``openai_chat``.
@@ -23,6 +36,7 @@ Logged contexts are LangChain messages converted to OpenAI chat dicts
 from __future__ import annotations
 
 import hashlib
+import operator
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
@@ -41,16 +55,19 @@ from langchain_core.messages import (
     convert_to_openai_messages,
 )
 from langchain_core.outputs import ChatGeneration, LLMResult
-from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.prompt_values import PromptValue
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from ..budget import Budget
 from ..dialects.base import Dialect, Part, head_tail
 from ..engine import CompactionResult, Engine
-from ..errors import ConfigError, ValidationError
+from ..errors import ConfigError, DialectError, ValidationError
 from ..events import ModelCall, new_id
 from ..hookspecs import hookimpl
 from ..logging_hooks import log_model_call
+from ._options import check_engine, engine_from_options
 
 __all__ = [
     "CompactionMiddleware",
@@ -239,18 +256,58 @@ def agentcompact_register_dialects(register: Callable[..., None]) -> None:
 
 
 def _make_engine(engine: Engine | None, plugins: pluggy.PluginManager | None,
-                 episode_id: str | None, kwargs: dict[str, Any]) -> Engine:
+                 episode_id: str | None, kwargs: dict[str, Any], owner: str) -> Engine:
     if engine is not None:
-        if kwargs:
-            raise ConfigError(f"engine= given together with engine options {sorted(kwargs)}")
-        if not isinstance(engine.dialect, LangChainDialect):
-            raise ConfigError(f"engine dialect is {engine.dialect.name!r}; it must be a "
-                              "LangChainDialect for LangChain messages")
-        return engine
-    kwargs.setdefault("strategy", "cliff")
-    if "budget" not in kwargs and "trigger_tokens" not in kwargs:
-        raise ConfigError("give engine=, budget= or trigger_tokens=")
-    return Engine(dialect=_DIALECT, plugins=plugins, episode_id=episode_id, **kwargs)
+        return check_engine(engine, LangChainDialect, owner, kwargs)
+    return engine_from_options(_DIALECT, kwargs, plugins=plugins, episode_id=episode_id,
+                               owner=owner)
+
+
+def _checked(messages: Any, owner: str) -> list[Any]:
+    """``messages`` as a list, each a ``BaseMessage`` (a ``DialectError`` names the first
+    that is not, by index and type)."""
+    if not isinstance(messages, (list, tuple)):
+        raise DialectError(f"{owner}: messages is {type(messages).__name__}, not a list")
+    for i, message in enumerate(messages):
+        if not isinstance(message, BaseMessage):
+            raise DialectError(f"{owner}: message {i} is {type(message).__name__}, not a "
+                               "LangChain BaseMessage")
+    return list(messages)
+
+
+def _tool_schema(tool: Any) -> Any:
+    if isinstance(tool, Mapping):
+        return dict(tool)
+    try:
+        return convert_to_openai_tool(tool)
+    except Exception:  # a tool LangChain cannot describe: count its name and description
+        return {"name": str(getattr(tool, "name", "")),
+                "description": str(getattr(tool, "description", ""))}
+
+
+class _FixedTokens:
+    """Tokens of a system prompt and tool schemas sent besides the messages, remembered
+    for the last values by identity (an agent passes the same objects every call)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._last: tuple[Any, tuple[Any, ...], int] | None = None
+
+    def __call__(self, system: Any, tools: Sequence[Any] | None) -> int:
+        tools_t = tuple(tools or ())
+        last = self._last
+        if (last is not None and last[0] is system and len(last[1]) == len(tools_t)
+                and all(map(operator.is_, last[1], tools_t))):
+            return last[2]
+        body: dict[str, Any] = {}
+        content = getattr(system, "content", system)
+        if content:
+            body["system"] = content
+        if tools_t:
+            body["tools"] = [_tool_schema(t) for t in tools_t]
+        count = self.engine.fixed_tokens(body) if body else 0
+        self._last = (system, tools_t, count)
+        return count
 
 
 def _json_safe(value: Any) -> Any:
@@ -266,16 +323,48 @@ def _usage_of(message: BaseMessage, result: LLMResult | None = None) -> dict[str
     return _json_safe(dict(token_usage))  # type: ignore[no-any-return]  # JSON round trip
 
 
+class _OpenAIDicts:
+    """LangChain messages as JSON-safe OpenAI chat dicts, converted once per message object
+    (messages are immutable values once sent; a call's dicts are shared, not copied)."""
+
+    def __init__(self, max_entries: int = 20_000) -> None:
+        self._by_id: dict[int, tuple[BaseMessage, Any]] = {}
+        self._max = max_entries
+        self._lock = threading.Lock()
+
+    def __call__(self, messages: Sequence[BaseMessage]) -> list[Any]:
+        out: list[Any] = []
+        by_id = self._by_id
+        with self._lock:
+            for message in messages:
+                hit = by_id.get(id(message))
+                if hit is not None and hit[0] is message:
+                    out.append(hit[1])
+                    continue
+                converted = _json_safe(convert_to_openai_messages(message))
+                if len(by_id) >= self._max:
+                    by_id.clear()
+                by_id[id(message)] = (message, converted)
+                out.append(converted)
+        return out
+
+
 def model_call_from_langchain(
     sent: Sequence[BaseMessage], response: BaseMessage, *, episode_id: str,
     group_id: str | None = None, usage: Mapping[str, Any] | None = None,
     model: str | None = None, request: Mapping[str, Any] | None = None,
+    _convert: Callable[[Sequence[BaseMessage]], list[Any]] | None = None,
 ) -> ModelCall:
-    """A :class:`ModelCall` for LangChain messages (converted to OpenAI chat dicts)."""
-    messages = convert_to_openai_messages(list(sent))
+    """A :class:`ModelCall` for LangChain messages (converted to OpenAI chat dicts).
+
+    ``compacted`` is true when the context sent holds a compaction message (the same as
+    ``CompactionResult.modified`` for the call that produced it).
+    """
+    messages = (_convert(sent) if _convert is not None
+                else [_json_safe(convert_to_openai_messages(m)) for m in sent])
     reply = convert_to_openai_messages(response)
     return ModelCall(
-        episode_id=episode_id, dialect="openai_chat", messages=_json_safe(messages),
+        episode_id=episode_id, dialect="openai_chat", messages=messages,
         response=[_json_safe(reply)], request=_json_safe(dict(request or {})),
         usage=dict(usage) if usage is not None else _usage_of(response), model=model,
         compacted=any(_DIALECT.is_synthetic(m) for m in sent), group_id=group_id,
@@ -285,15 +374,35 @@ def model_call_from_langchain(
 # ---------------------------------------------------------------------- node and hook
 
 
+def _bound_tools(model: Any) -> list[Any]:
+    """The tool schemas bound to ``model`` (``bind_tools`` keeps them in ``kwargs``)."""
+    while model is not None:
+        kwargs = getattr(model, "kwargs", None)
+        if isinstance(kwargs, Mapping) and kwargs.get("tools"):
+            return list(kwargs["tools"])
+        model = getattr(model, "bound", None)
+    return []
+
+
 class CompactionNode(Runnable[Any, dict[str, Any]]):
     """A LangGraph node that compacts ``state["messages"]`` (see the module docstring).
 
     Use it as ``builder.add_node("compact", node)``, ``create_react_agent(...,
-    pre_model_hook=node)``, or call it (``node(state)`` / ``await node.ainvoke(state)``).
+    pre_model_hook=node)``, or call it (``node(state)`` / ``await node.ainvoke(state)``);
+    or let :meth:`wrap` put it inside the model.
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`LangChainDialect`;
-        or leave it out and give ``trigger_tokens=`` (and any other ``Engine`` option).
+        or leave it out and give ``trigger_tokens=`` (and any other ``Engine`` option, or
+        ``recent_turns=`` / ``min_recent_turns=``).
     :param mode: ``"llm_input"`` (state keeps the full history) or ``"rewrite"``.
+    :param system_prompt: / :param tools: what the model receives besides the state's
+        messages (``create_react_agent``'s ``prompt`` and ``tools``): counted toward the
+        budget. A system message inside ``state["messages"]`` is counted anyway.
+    :param check_wiring: in ``llm_input`` mode, raise :class:`ConfigError` when the state
+        shows the model was called more than once since this node's last pass (an edge
+        reaching the model without passing the node, which would send a stale
+        ``llm_input_messages``). Turn it off for graphs where other model nodes add
+        AI messages between this node's passes.
     :param episode_id: stamped on compaction events and on :attr:`logger`'s model calls.
     :param group_id: the task (GRPO group) for :attr:`logger`'s model calls.
     """
@@ -303,20 +412,29 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         target_tokens: int | None = None, budget: Budget | None = None,
         mode: Mode = "llm_input", episode_id: str | None = None, group_id: str | None = None,
         plugins: pluggy.PluginManager | None = None, messages_key: str = "messages",
-        **engine_kwargs: Any,
+        system_prompt: str | SystemMessage | None = None, tools: Sequence[Any] | None = None,
+        check_wiring: bool = True, **engine_kwargs: Any,
     ) -> None:
         if mode not in ("llm_input", "rewrite"):
-            raise ConfigError(f"mode must be 'llm_input' or 'rewrite', got {mode!r}")
+            raise ConfigError(f"CompactionNode: mode must be 'llm_input' or 'rewrite', got "
+                              f"{mode!r}")
+        if system_prompt is not None and not isinstance(system_prompt, (str, SystemMessage)):
+            raise ConfigError(f"CompactionNode: system_prompt must be a str or SystemMessage, "
+                              f"got {type(system_prompt).__name__}")
         for key, value in (("trigger_tokens", trigger_tokens), ("target_tokens", target_tokens),
                            ("budget", budget)):
             if value is not None:
                 engine_kwargs[key] = value
-        self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs)
+        self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs, "CompactionNode")
         self.mode: Mode = mode
         self.messages_key = messages_key
+        self.system_prompt = system_prompt
+        self.tools = list(tools or ())
+        self.check_wiring = check_wiring
         self.episode_id = episode_id or self.engine.episode_id or new_id()
         self.group_id = group_id
         self.last_result: CompactionResult | None = None
+        self._fixed = _FixedTokens(self.engine)
         self._logger: ModelCallLogger | None = None
 
     @property
@@ -331,8 +449,14 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         value = (state.get(self.messages_key) if isinstance(state, Mapping)
                  else getattr(state, self.messages_key, None))
         if value is None:
-            raise ConfigError(f"state has no {self.messages_key!r} key")
-        return list(value)
+            raise ConfigError(f"CompactionNode: state has no {self.messages_key!r} key")
+        messages = _checked(value, "CompactionNode")
+        if self.mode == "llm_input" and self.check_wiring:
+            previous = (state.get("llm_input_messages") if isinstance(state, Mapping)
+                        else getattr(state, "llm_input_messages", None))
+            if previous:
+                _check_fresh(previous, messages)
+        return messages
 
     def _update(self, result: CompactionResult) -> dict[str, Any]:
         self.last_result = result
@@ -345,15 +469,76 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     def invoke(self, input: Any, config: RunnableConfig | None = None,  # noqa: A002 - Runnable API
                **kwargs: Any) -> dict[str, Any]:
         """The state update for ``input`` (a graph state)."""
-        return self._update(self.engine.compact(self._messages(input)))
+        messages = self._messages(input)
+        fixed = self._fixed(self.system_prompt, self.tools)
+        return self._update(self.engine.compact(messages, fixed_tokens=fixed))
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None,  # noqa: A002
                       **kwargs: Any) -> dict[str, Any]:
         """``invoke`` for async graphs: awaits async strategies."""
-        return self._update(await self.engine.acompact(self._messages(input)))
+        messages = self._messages(input)
+        fixed = self._fixed(self.system_prompt, self.tools)
+        return self._update(await self.engine.acompact(messages, fixed_tokens=fixed))
 
     def __call__(self, state: Any) -> dict[str, Any]:
         return self.invoke(state)
+
+    # --- the node inside the model -------------------------------------------------------
+    def _model_input(self, value: Any) -> list[Any]:
+        if isinstance(value, PromptValue):
+            return value.to_messages()
+        if isinstance(value, str):
+            return [HumanMessage(content=value)]
+        if isinstance(value, Mapping):
+            value = value.get(self.messages_key)
+            if value is None:
+                raise ConfigError(f"CompactionNode.wrap: input has no {self.messages_key!r} "
+                                  "key")
+        return _checked(value, "CompactionNode.wrap")
+
+    def wrap(self, model: Runnable[Any, Any], *, tools: Sequence[Any] | None = None
+             ) -> Runnable[Any, Any]:
+        """``model`` with its input compacted on every call, for a ``StateGraph`` of your
+        own: ``llm = node.wrap(ChatOpenAI(...).bind_tools(tools))`` then, in the model
+        node, ``llm.invoke(state["messages"])``. No edge can then reach the model
+        uncompacted, and the state keeps the full history. The tools bound to ``model``
+        (or ``tools=``) and the node's ``system_prompt`` count toward the budget; invoke,
+        stream and their async forms all compact (``last_result`` tells the last one).
+        """
+        bound = list(tools) if tools is not None else (_bound_tools(model) or self.tools)
+
+        def prepare(value: Any) -> list[Any]:
+            messages = self._model_input(value)
+            result = self.engine.compact(messages,
+                                         fixed_tokens=self._fixed(self.system_prompt, bound))
+            self.last_result = result
+            return list(result.messages)
+
+        async def aprepare(value: Any) -> list[Any]:
+            messages = self._model_input(value)
+            result = await self.engine.acompact(
+                messages, fixed_tokens=self._fixed(self.system_prompt, bound))
+            self.last_result = result
+            return list(result.messages)
+
+        return RunnableLambda(prepare, afunc=aprepare, name="agentcompact") | model
+
+
+def _check_fresh(previous: Sequence[Any], messages: Sequence[Any]) -> None:
+    """Raise when the model answered more than once since ``previous`` was computed."""
+    last_id = getattr(previous[-1], "id", None)
+    if last_id is None:
+        return
+    for j in range(len(messages) - 1, -1, -1):
+        if getattr(messages[j], "id", None) == last_id:
+            answers = sum(1 for m in messages[j + 1:] if isinstance(m, AIMessage))
+            if answers > 1:
+                raise ConfigError(
+                    f"CompactionNode: the model answered {answers} times since this node's "
+                    "last pass, so it was sent a stale llm_input_messages: an edge reaches the "
+                    "model without passing the node (route every edge into the model through "
+                    "it, or use node.wrap(model) or create_agent with CompactionMiddleware)")
+            return
 
 
 def pre_model_hook(engine: Engine | None = None, *, trigger_tokens: int | None = None,
@@ -362,7 +547,10 @@ def pre_model_hook(engine: Engine | None = None, *, trigger_tokens: int | None =
 
     ``create_react_agent`` sends ``llm_input_messages`` to the model when the hook returns
     them and keeps ``messages`` (the full history) in state. Options are those of
-    :class:`CompactionNode` (``mode="rewrite"`` rewrites the state instead).
+    :class:`CompactionNode` (``mode="rewrite"`` rewrites the state instead); give the
+    agent's ``prompt`` and ``tools`` as ``system_prompt=`` / ``tools=`` so the budget
+    counts them. LangGraph 1.x deprecates ``create_react_agent``: prefer
+    ``langchain.agents.create_agent`` with :class:`CompactionMiddleware`.
     """
     return CompactionNode(engine, trigger_tokens=trigger_tokens, **options)
 
@@ -394,6 +582,7 @@ class ModelCallLogger(BaseCallbackHandler):
         self.episode_id = episode_id or new_id()
         self.group_id = group_id
         self.pm = plugins
+        self._dicts = _OpenAIDicts()  # each message converted once for this logger
         self._pending: dict[UUID, tuple[list[BaseMessage], dict[str, Any], dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
@@ -419,6 +608,7 @@ class ModelCallLogger(BaseCallbackHandler):
                  or message.response_metadata.get("model_name") or request.get("model"))
         call = model_call_from_langchain(
             sent, message, usage=_usage_of(message, response), model=model, request=request,
+            _convert=self._dicts,
             episode_id=metadata.get("agentcompact_episode_id") or self.episode_id,
             group_id=metadata.get("agentcompact_group_id") or self.group_id)
         log_model_call(call, self.pm)
@@ -445,11 +635,15 @@ class CompactionMiddleware(AgentMiddleware):
     """Compacts what the model sees in ``langchain.agents.create_agent`` agents.
 
     ``wrap_model_call`` / ``awrap_model_call`` replace the request's messages with the
-    compacted view; the agent state (and any checkpoint) keeps the full history. Each model
-    call is logged through ``agentcompact_log_model_call`` unless ``record=False``.
+    compacted view; the agent state (and any checkpoint) keeps the full history. The
+    budget counts the request's system message and tool schemas too. Each model call is
+    logged through ``agentcompact_log_model_call`` unless ``record=False``.
+    :attr:`last_result` is the :class:`CompactionResult` of the latest model call (whether
+    or not it compacted: see its ``compacted`` / ``modified``).
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`LangChainDialect`, or
-        ``trigger_tokens=`` and other ``Engine`` options.
+        ``trigger_tokens=`` and other ``Engine`` options (``recent_turns=`` /
+        ``min_recent_turns=`` too), checked here.
     :param episode_id: / :param group_id: stamped on logged calls (settable attributes).
     """
 
@@ -465,12 +659,21 @@ class CompactionMiddleware(AgentMiddleware):
                            ("budget", budget)):
             if value is not None:
                 engine_kwargs[key] = value
-        self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs)
+        self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs,
+                                   "CompactionMiddleware")
+        if not isinstance(record, bool):
+            raise ConfigError(f"CompactionMiddleware: record must be a bool, got "
+                              f"{type(record).__name__}")
         self.episode_id = episode_id or self.engine.episode_id or new_id()
         self.group_id = group_id
         self.record = record
         self.tools = []
         self.last_result: CompactionResult | None = None
+        self._fixed = _FixedTokens(self.engine)
+        self._dicts = _OpenAIDicts()  # each message converted once for this middleware
+
+    def _fixed_tokens(self, request: ModelRequest) -> int:
+        return self._fixed(request.system_message, request.tools)
 
     def _request(self, request: ModelRequest, result: CompactionResult) -> ModelRequest:
         self.last_result = result
@@ -486,14 +689,16 @@ class CompactionMiddleware(AgentMiddleware):
                   for t in request.tools if not isinstance(t, Mapping)]
         model = getattr(request.model, "model_name", None) or getattr(request.model, "model", None)
         call = model_call_from_langchain(
-            [*sent, *request.messages], message, episode_id=self.episode_id,
+            [*sent, *request.messages], message, episode_id=self.episode_id, _convert=self._dicts,
             group_id=self.group_id, model=str(model) if model else None,
             request={"tools": tools} if tools else {})
         log_model_call(call, self.engine.pm)
 
     def wrap_model_call(self, request: ModelRequest,
                         handler: Callable[[ModelRequest], ModelResponse]) -> Any:
-        request = self._request(request, self.engine.compact(request.messages))
+        messages = _checked(request.messages, "CompactionMiddleware")
+        result = self.engine.compact(messages, fixed_tokens=self._fixed_tokens(request))
+        request = self._request(request, result)
         response = handler(request)
         self._log(request, response)
         return response
@@ -501,7 +706,9 @@ class CompactionMiddleware(AgentMiddleware):
     async def awrap_model_call(self, request: ModelRequest,
                                handler: Callable[[ModelRequest], Awaitable[ModelResponse]]
                                ) -> Any:
-        request = self._request(request, await self.engine.acompact(request.messages))
+        messages = _checked(request.messages, "CompactionMiddleware")
+        result = await self.engine.acompact(messages, fixed_tokens=self._fixed_tokens(request))
+        request = self._request(request, result)
         response = await handler(request)
         self._log(request, response)
         return response

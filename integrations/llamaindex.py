@@ -1,26 +1,32 @@
-"""LlamaIndex integration: a ``ChatMessage`` dialect, a compacting memory for
-``FunctionAgent`` / ``AgentWorkflow``, and an instrumentation handler that logs model calls.
+"""LlamaIndex integration: a ``ChatMessage`` dialect, a compacting LLM wrapper and a
+compacting memory for ``FunctionAgent`` / ``ReActAgent`` / ``AgentWorkflow``, and an
+instrumentation handler that logs model calls.
 
 Install with ``pip install agentcompact[llamaindex]``::
 
     memory = CompactingMemory(trigger_tokens=60000, episode_id="run-1")
+    agent = FunctionAgent(tools=tools, llm=memory.wrap(llm), system_prompt=prompt)
     with memory.logger:                      # log every LLM call (optional)
         await agent.run("fix the bug", memory=memory)
 
-:class:`CompactingMemory` keeps the full history (``get_all()``); ``get()`` / ``aget()``
-return the compacted view the agent sends to its model. Kept messages are the stored
-``ChatMessage`` objects themselves.
+:class:`CompactingLLM` (``memory.wrap(llm)``, or ``CompactingLLM(llm, trigger_tokens=...)``)
+compacts what every LLM call of the agent receives - the system prompt, the memory, the
+current run's tool loop (which the agents keep in their own scratchpad, outside the
+memory) and the tool schemas all count toward the budget. The memory keeps the full
+history (``get_all()``); wrapped, its ``get()`` returns it whole, the LLM compacting.
 
-Note: ``FunctionAgent`` reads memory once per step but keeps the current run's tool loop in
-its own scratchpad until the run ends, so the memory compacts everything up to the start
-of the current run; a single run with a very long tool loop is not compacted until it ends.
+:class:`CompactingMemory` alone (no wrapped LLM) compacts in ``get()`` / ``aget()``: only
+the history up to the start of the current run, without the system prompt or the tools -
+a single run with a long tool loop is not bounded (one 40-step run with a 15k-token system
+prompt sent 1.76x a 20k trigger that way; wrapped, 0.99x: see
+benchmarks/integration_llamaindex_scope.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from types import TracebackType
 from typing import Any, ClassVar
 
@@ -29,6 +35,8 @@ import pluggy
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
+    CompletionResponse,
+    LLMMetadata,
     TextBlock,
     ThinkingBlock,
     ToolCallBlock,
@@ -39,18 +47,21 @@ from llama_index.core.instrumentation import (  # type: ignore[attr-defined]  # 
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
+from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.memory import BaseMemory
 from pydantic import ConfigDict, PrivateAttr
 
 from ..budget import Budget
 from ..dialects.base import Dialect, Part, head_tail
 from ..engine import CompactionResult, Engine
-from ..errors import ConfigError, ValidationError
+from ..errors import ConfigError, DialectError, ValidationError
 from ..events import ModelCall, new_id
 from ..hookspecs import hookimpl
 from ..logging_hooks import log_model_call
+from ._options import check_engine, engine_from_options
 
 __all__ = [
+    "CompactingLLM",
     "CompactingMemory",
     "LlamaIndexDialect",
     "ModelCallLogger",
@@ -195,27 +206,179 @@ def to_openai_chat(message: ChatMessage) -> dict[str, Any]:
 
 
 def _make_engine(engine: Engine | None, plugins: pluggy.PluginManager | None,
-                 episode_id: str | None, kwargs: dict[str, Any]) -> Engine:
+                 episode_id: str | None, kwargs: dict[str, Any], owner: str) -> Engine:
     if engine is not None:
-        if kwargs:
-            raise ConfigError(f"engine= given together with engine options {sorted(kwargs)}")
-        if not isinstance(engine.dialect, LlamaIndexDialect):
-            raise ConfigError(f"engine dialect is {engine.dialect.name!r}; it must be a "
-                              "LlamaIndexDialect for ChatMessage objects")
-        return engine
-    if "budget" not in kwargs and "trigger_tokens" not in kwargs:
-        raise ConfigError("give engine=, budget= or trigger_tokens=")
-    kwargs.setdefault("strategy", "cliff")
-    return Engine(dialect=_DIALECT, plugins=plugins, episode_id=episode_id, **kwargs)
+        return check_engine(engine, LlamaIndexDialect, owner, kwargs)
+    return engine_from_options(_DIALECT, kwargs, plugins=plugins, episode_id=episode_id,
+                               owner=owner)
+
+
+def _check_message(message: Any, index: int, owner: str) -> None:
+    if not isinstance(message, ChatMessage):
+        raise DialectError(f"{owner}: message {index} is {type(message).__name__}, not a "
+                           "LlamaIndex ChatMessage")
+
+
+def _checked(messages: Any, owner: str, start: int = 0) -> list[ChatMessage]:
+    if not isinstance(messages, (list, tuple)):
+        raise DialectError(f"{owner}: messages is {type(messages).__name__}, not a list")
+    for i, message in enumerate(messages):
+        _check_message(message, start + i, owner)
+    return list(messages)
+
+
+def _options(engine_kwargs: dict[str, Any], **named: Any) -> dict[str, Any]:
+    for key, value in named.items():
+        if value is not None:
+            engine_kwargs[key] = value
+    return engine_kwargs
+
+
+# ------------------------------------------------------------------------- the LLM
+
+
+class CompactingLLM(FunctionCallingLLM):
+    """An LLM whose every chat call sends the compacted context (see the module docstring).
+
+    ``chat`` / ``achat`` / ``stream_chat`` / ``astream_chat`` - and so
+    ``(a)chat_with_tools`` / ``(a)stream_chat_with_tools``, which the agents call - compact
+    the messages, with the tool schemas of the call counted toward the budget; the wrapped
+    LLM does the rest (its own instrumentation events see the messages sent). Completion
+    calls (a single prompt) pass through.
+
+    :param llm: the LLM to wrap (any LlamaIndex LLM; tool calls need a function-calling one).
+    :param engine: an :class:`~agentcompact.Engine` with a :class:`LlamaIndexDialect`, or
+        ``trigger_tokens=`` and other ``Engine`` options.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    llm: Any
+    _engine: Engine = PrivateAttr()
+    _last: CompactionResult | None = PrivateAttr(default=None)
+
+    def __init__(self, llm: Any, engine: Engine | None = None, *,
+                 trigger_tokens: int | None = None, target_tokens: int | None = None,
+                 budget: Budget | None = None, episode_id: str | None = None,
+                 plugins: pluggy.PluginManager | None = None, **engine_kwargs: Any) -> None:
+        if not callable(getattr(llm, "achat", None)) or not hasattr(llm, "metadata"):
+            raise ConfigError(f"CompactingLLM: llm must be a LlamaIndex LLM, got "
+                              f"{type(llm).__name__}")
+        super().__init__(llm=llm)
+        options = _options(engine_kwargs, trigger_tokens=trigger_tokens,
+                           target_tokens=target_tokens, budget=budget)
+        self._engine = _make_engine(engine, plugins, episode_id, options, "CompactingLLM")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "CompactingLLM"
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def last_result(self) -> CompactionResult | None:
+        """The compaction result of the latest chat call."""
+        return self._last
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return self.llm.metadata  # type: ignore[no-any-return]
+
+    def _fixed(self, kwargs: dict[str, Any]) -> int:
+        tools = kwargs.get("tools")
+        return self._engine.fixed_tokens({"tools": tools}) if tools else 0
+
+    def _compact(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+                 ) -> list[ChatMessage]:
+        result = self._engine.compact(_checked(messages, "CompactingLLM"),
+                                      fixed_tokens=self._fixed(kwargs))
+        self._last = result
+        return list(result.messages)
+
+    async def _acompact(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+                        ) -> list[ChatMessage]:
+        result = await self._engine.acompact(_checked(messages, "CompactingLLM"),
+                                             fixed_tokens=self._fixed(kwargs))
+        self._last = result
+        return list(result.messages)
+
+    # chat: compacted
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self.llm.chat(self._compact(messages, kwargs), **kwargs)  # type: ignore[no-any-return]
+
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return await self.llm.achat(await self._acompact(messages, kwargs), **kwargs)  # type: ignore[no-any-return]
+
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
+                    ) -> Generator[ChatResponse, None, None]:
+        return self.llm.stream_chat(self._compact(messages, kwargs), **kwargs)  # type: ignore[no-any-return]
+
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any
+                           ) -> AsyncGenerator[ChatResponse, None]:
+        return await self.llm.astream_chat(await self._acompact(messages, kwargs), **kwargs)  # type: ignore[no-any-return]
+
+    # completion: one prompt, passed through
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any
+                 ) -> CompletionResponse:
+        return self.llm.complete(prompt, formatted=formatted, **kwargs)  # type: ignore[no-any-return]
+
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any
+                        ) -> CompletionResponse:
+        return await self.llm.acomplete(prompt, formatted=formatted, **kwargs)  # type: ignore[no-any-return]
+
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
+                        ) -> Generator[CompletionResponse, None, None]:
+        return self.llm.stream_complete(prompt, formatted=formatted, **kwargs)  # type: ignore[no-any-return]
+
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
+                               ) -> AsyncGenerator[CompletionResponse, None]:
+        return await self.llm.astream_complete(prompt, formatted=formatted, **kwargs)  # type: ignore[no-any-return]
+
+    # tools: the wrapped LLM's own formats
+    def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: Any = None,
+                                 chat_history: list[ChatMessage] | None = None,
+                                 verbose: bool = False, allow_parallel_tool_calls: bool = False,
+                                 tool_required: bool = False, **kwargs: Any) -> dict[str, Any]:
+        # the wrapped LLM's compat shim drops tool_required for integrations without it
+        prepare = getattr(self.llm, "_prepare_chat_with_tools_compat", None)
+        if prepare is None:
+            prepare = self.llm._prepare_chat_with_tools
+            kwargs = {**kwargs, "tool_required": tool_required} if tool_required else kwargs
+        else:
+            kwargs = {**kwargs, "tool_required": tool_required}
+        return prepare(  # type: ignore[no-any-return]
+            tools, user_msg=user_msg, chat_history=chat_history, verbose=verbose,
+            allow_parallel_tool_calls=allow_parallel_tool_calls, **kwargs)
+
+    def _validate_chat_with_tools_response(self, response: ChatResponse, tools: Sequence[Any],
+                                           allow_parallel_tool_calls: bool = False,
+                                           **kwargs: Any) -> ChatResponse:
+        return self.llm._validate_chat_with_tools_response(  # type: ignore[no-any-return]
+            response, tools, allow_parallel_tool_calls=allow_parallel_tool_calls, **kwargs)
+
+    def get_tool_calls_from_response(self, response: ChatResponse,
+                                     error_on_no_tool_call: bool = True, **kwargs: Any
+                                     ) -> list[Any]:
+        return self.llm.get_tool_calls_from_response(  # type: ignore[no-any-return]
+            response, error_on_no_tool_call=error_on_no_tool_call, **kwargs)
+
+
+# ------------------------------------------------------------------------- the memory
 
 
 class CompactingMemory(BaseMemory):
     """Agent memory that keeps the full history and hands the model a compacted view.
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`LlamaIndexDialect`, or
-        ``trigger_tokens=`` (and any other ``Engine`` option).
+        ``trigger_tokens=`` (and any other ``Engine`` option), checked here.
     :param episode_id: / :param group_id: stamped on compaction events and on the model
         calls :attr:`logger` records.
+
+    :meth:`wrap` moves the compaction into the agent's LLM (every call bounded); ``put`` and
+    the other writers check each message is a ``ChatMessage`` (a ``DialectError`` names
+    the index in the history and the type).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -226,18 +389,17 @@ class CompactingMemory(BaseMemory):
     _group_id: str | None = PrivateAttr(default=None)
     _last: CompactionResult | None = PrivateAttr(default=None)
     _logger: ModelCallLogger | None = PrivateAttr(default=None)
+    _wrapped: bool = PrivateAttr(default=False)
 
     def __init__(self, engine: Engine | None = None, *, trigger_tokens: int | None = None,
                  target_tokens: int | None = None, budget: Budget | None = None,
                  episode_id: str | None = None, group_id: str | None = None,
                  plugins: pluggy.PluginManager | None = None,
                  history: Sequence[ChatMessage] = (), **engine_kwargs: Any) -> None:
-        super().__init__(history=list(history))
-        for key, value in (("trigger_tokens", trigger_tokens), ("target_tokens", target_tokens),
-                           ("budget", budget)):
-            if value is not None:
-                engine_kwargs[key] = value
-        self._engine = _make_engine(engine, plugins, episode_id, engine_kwargs)
+        super().__init__(history=_checked(history, "CompactingMemory"))
+        options = _options(engine_kwargs, trigger_tokens=trigger_tokens,
+                           target_tokens=target_tokens, budget=budget)
+        self._engine = _make_engine(engine, plugins, episode_id, options, "CompactingMemory")
         self._episode_id = episode_id or self._engine.episode_id or new_id()
         self._group_id = group_id
 
@@ -256,8 +418,15 @@ class CompactingMemory(BaseMemory):
 
     @property
     def last_result(self) -> CompactionResult | None:
-        """The compaction result of the latest ``get`` / ``aget``."""
+        """The compaction result of the latest ``get`` / ``aget`` (``None`` once wrapped:
+        see the wrapped LLM's ``last_result``)."""
         return self._last
+
+    def wrap(self, llm: Any) -> CompactingLLM:
+        """``llm`` compacting every call with this memory's engine; from now on ``get()``
+        returns the full history (the LLM compacts what it receives, once)."""
+        self._wrapped = True
+        return CompactingLLM(llm, self._engine)
 
     @property
     def logger(self) -> ModelCallLogger:
@@ -269,11 +438,15 @@ class CompactingMemory(BaseMemory):
 
     # reading: the compacted view, or everything
     def get(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:  # noqa: A002
+        if self._wrapped:
+            return list(self.history)
         self._last = self._engine.compact(self.history)
         return list(self._last.messages)
 
     async def aget(self, input: str | None = None, **kwargs: Any  # noqa: A002
                    ) -> list[ChatMessage]:
+        if self._wrapped:
+            return list(self.history)
         self._last = await self._engine.acompact(self.history)
         return list(self._last.messages)
 
@@ -285,19 +458,21 @@ class CompactingMemory(BaseMemory):
 
     # writing: always the full history (no thread hops: order is kept)
     def put(self, message: ChatMessage) -> None:
+        _check_message(message, len(self.history), "CompactingMemory.put")
         self.history = [*self.history, message]
 
     async def aput(self, message: ChatMessage) -> None:
         self.put(message)
 
     def put_messages(self, messages: list[ChatMessage]) -> None:
-        self.history = [*self.history, *messages]
+        added = _checked(messages, "CompactingMemory.put_messages", len(self.history))
+        self.history = [*self.history, *added]
 
     async def aput_messages(self, messages: list[ChatMessage]) -> None:
         self.put_messages(messages)
 
     def set(self, messages: list[ChatMessage]) -> None:
-        self.history = list(messages)
+        self.history = _checked(messages, "CompactingMemory.set")
 
     async def aset(self, messages: list[ChatMessage]) -> None:
         self.set(messages)

@@ -1,60 +1,126 @@
-"""Wrap an OpenAI or Anthropic SDK client so every request sends the compacted context.
+"""Wrap an OpenAI or Anthropic SDK client so every model call sends the compacted context.
 
 Install with ``pip install agentcompact[sdk]``. One line::
 
     client = agentcompact.integrations.sdk.compact(OpenAI(...), trigger_tokens=60000)
 
-Compacted (sync and async clients alike):
+Every call path that sends a context goes through the engine, sync and async clients alike,
+directly and through ``with_raw_response`` / ``with_streaming_response``:
 
-- ``openai.OpenAI`` / ``AsyncOpenAI``: ``chat.completions.create`` (dialect ``openai_chat``)
-  and ``responses.create`` (``openai_responses``; a string ``input`` and requests chained
-  with ``previous_response_id`` pass through; ``instructions`` count toward the budget);
-- ``anthropic.Anthropic`` / ``AsyncAnthropic``: ``messages.create`` and ``messages.stream``
-  (dialect ``anthropic``; ``system`` counts toward the budget).
+- ``openai.OpenAI`` / ``AsyncOpenAI``: ``chat.completions.create`` / ``parse`` / ``stream``
+  (dialect ``openai_chat``), ``responses.create`` / ``parse`` / ``stream`` / ``compact`` and
+  ``responses.input_tokens.count`` (``openai_responses``; a string ``input`` and requests
+  chained with ``previous_response_id`` pass through, the server holding the history), and
+  the same under ``beta``;
+- ``anthropic.Anthropic`` / ``AsyncAnthropic``: ``messages.create`` / ``parse`` / ``stream``
+  / ``count_tokens`` (dialect ``anthropic``), and the same under ``beta.messages``.
 
-Everything else is proxied untouched through ``__getattr__`` (``with_options`` and ``copy``
-return wrapped clients). ``stream=True`` returns the SDK's stream object; when recording, it is
-wrapped in a thin proxy that reassembles the response as it is iterated and logs it at the
-end. Each call fires ``agentcompact_log_model_call`` with the exact messages sent, the
-response, usage, and the client's ``episode_id`` / ``group_id`` (both settable attributes).
+The budget counts what the model receives: the messages, and the request's ``system`` /
+``instructions`` and ``tools`` (the engine's ``fixed_tokens``). Methods of these resources
+that send no context (``retrieve``, ``list``, ``delete``, ...) pass through; those whose
+context cannot be compacted here (``messages.batches.create``, ``beta.messages.tool_runner``
+and ``thread``, ``responses.connect``) raise :class:`~agentcompact.errors.ConfigError`, and
+so does any method the wrapper does not know (a newer SDK's), rather than pass it through
+uncompacted: call it on ``client.unwrapped``.
+
+Each model call fires ``agentcompact_log_model_call`` with the exact messages sent, the
+response (streams are rebuilt by the proxy's reassembler as the caller iterates), usage,
+the serving engine's ``logprobs`` / ``token_ids`` / ``prompt_token_ids`` when it returned
+them, and the client's ``episode_id`` / ``group_id`` (settable attributes). A recording
+failure is logged, never raised into the caller's call or stream.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
-from collections.abc import Callable, Mapping
+import logging
+import operator
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pluggy
 
 from ..engine import CompactionResult, Engine
-from ..errors import ConfigError
+from ..errors import ConfigError, DialectError
 from ..events import ModelCall, new_id
 from ..logging_hooks import log_model_call
+from ._options import engine_from_options
+from .proxy.reassemble import Reassembled, from_body, reassembler
 
 __all__ = ["CompactedClient", "Session", "compact"]
+
+log = logging.getLogger("agentcompact.sdk")
 
 _REQUEST_KEYS = (
     "model", "system", "instructions", "tools", "tool_choice", "temperature", "top_p", "top_k",
     "max_tokens", "max_completion_tokens", "max_output_tokens", "reasoning", "reasoning_effort",
     "thinking", "response_format", "text", "stop", "stop_sequences", "seed", "logprobs",
+    "top_logprobs",
 )
+_PARSED_KEYS = frozenset({"parsed", "parsed_output"})  # added by the SDK's parse helpers
+
+
+def _given(value: Any) -> bool:
+    return value is not None and type(value).__name__ not in ("NotGiven", "Omit")
+
+
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def _plain(value: Any) -> Any:
     """``value`` with SDK model objects turned into dicts (the same object when none)."""
+    if isinstance(value, _SCALARS):
+        return value
     if isinstance(value, dict):
-        items = {k: _plain(v) for k, v in value.items()}
-        return value if all(items[k] is value[k] for k in value) else items
-    if isinstance(value, list):
-        out = [_plain(v) for v in value]
-        return value if all(a is b for a, b in zip(out, value, strict=True)) else out
+        out: dict[Any, Any] | None = None
+        for key, item in value.items():
+            plain = _plain(item)
+            if plain is not item:
+                if out is None:
+                    out = dict(value)
+                out[key] = plain
+        return value if out is None else out
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v) for v in value]
+        if isinstance(value, list) and all(map(operator.is_, items, value)):
+            return value
+        return items
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json", exclude_none=True)
     return value
+
+
+class _Converted:
+    """Each message of a history as a plain dict, and as a JSON-safe copy for the log,
+    converted once per message object (histories are taken as immutable once sent, as
+    the engine takes them): an agent's next call re-sends the same objects."""
+
+    def __init__(self, max_entries: int = 20_000) -> None:
+        self._plain: dict[int, tuple[Any, Any]] = {}
+        self._safe: dict[int, tuple[Any, Any]] = {}
+        self._max = max_entries
+
+    def _each(self, cache: dict[int, tuple[Any, Any]], messages: Sequence[Any],
+              convert: Callable[[Any], Any]) -> list[Any]:
+        out = []
+        for message in messages:
+            hit = cache.get(id(message))
+            if hit is None or hit[0] is not message:
+                if len(cache) >= self._max:
+                    cache.clear()
+                hit = cache[id(message)] = (message, convert(message))
+            out.append(hit[1])
+        return out
+
+    def plain(self, messages: Sequence[Any]) -> list[Any]:
+        return self._each(self._plain, messages, _plain)
+
+    def safe(self, messages: Sequence[Any]) -> list[Any]:
+        return self._each(self._safe, messages, _json_safe)
 
 
 def _dump(value: Any) -> Any:
@@ -62,34 +128,51 @@ def _dump(value: Any) -> Any:
     return dump(mode="json", exclude_none=True) if callable(dump) else value
 
 
+def _unparsed(value: Any, depth: int = 0) -> Any:
+    """``value`` without the ``parsed`` fields the SDK's parse helpers add (not sent by the
+    server, so not part of the recorded response)."""
+    if depth > 3:
+        return value
+    if isinstance(value, dict):
+        return {k: _unparsed(v, depth + 1) for k, v in value.items() if k not in _PARSED_KEYS}
+    if isinstance(value, list):
+        return [_unparsed(v, depth + 1) for v in value]
+    return value
+
+
 def _json_safe(value: Any) -> Any:
     return orjson.loads(orjson.dumps(value, default=str))
 
 
 def _request_fields(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    fields = {}
-    for key in _REQUEST_KEYS:
-        value = kwargs.get(key)
-        if value is not None and type(value).__name__ not in ("NotGiven", "Omit"):
-            fields[key] = _plain(value)
+    fields = {key: _plain(kwargs[key]) for key in _REQUEST_KEYS if _given(kwargs.get(key))}
     return _json_safe(fields)  # type: ignore[no-any-return]  # JSON round trip
 
 
 class Session:
-    """What a wrapped client shares: one engine per dialect, the ids, the plugin manager."""
+    """What a wrapped client shares: one engine per dialect, the ids, the plugin manager.
+
+    Engine options are checked here, when the client is wrapped: the engine of the
+    client's first dialect is built at once.
+    """
 
     def __init__(self, engine: Engine | Mapping[str, Any] | None, *, episode_id: str | None,
                  group_id: str | None, record: bool, plugins: pluggy.PluginManager | None,
                  engine_kwargs: dict[str, Any]) -> None:
         if isinstance(engine, Engine):
             if engine_kwargs:
-                raise ConfigError("give engine= or engine options, not both")
+                raise ConfigError("compact: give engine= or engine options, not both")
             self._template: Engine | None = engine
             self._kwargs: dict[str, Any] = {}
-        else:
+        elif engine is None or isinstance(engine, Mapping):
             self._template = None
             self._kwargs = {**dict(engine or {}), **engine_kwargs}
             self._kwargs.pop("dialect", None)
+        else:
+            raise ConfigError(f"compact: engine must be an Engine or a dict of Engine options, "
+                              f"got {type(engine).__name__}")
+        if not isinstance(record, bool):
+            raise ConfigError(f"compact: record must be a bool, got {type(record).__name__}")
         self.engines: dict[str, Engine] = {}
         if isinstance(engine, Engine):
             self.engines[engine.dialect.name] = engine
@@ -98,6 +181,8 @@ class Session:
         self.episode_id = episode_id or new_id()
         self.group_id = group_id
         self.record = record
+        self.converted = _Converted()
+        self.lock = threading.Lock()
 
     def engine(self, dialect: str) -> Engine:
         """The engine compacting messages of ``dialect`` (built on first use)."""
@@ -109,218 +194,177 @@ class Session:
                                counter=t.counter, plugins=t.pm, strict=t.strict,
                                episode_id=t.episode_id or self.episode_id)
             else:
-                kwargs = {"episode_id": self.episode_id, **self._kwargs}
-                found = Engine(dialect=dialect, plugins=self.pm, **kwargs)
+                found = engine_from_options(dialect, self._kwargs, plugins=self.pm,
+                                            episode_id=self.episode_id, owner="compact")
             self.engines[dialect] = found
         return found
 
-    def log(self, dialect: str, messages: list[Any], response: list[Any], kwargs: Mapping[str, Any],
-            usage: Any, model: Any, result: CompactionResult | None) -> None:
+    def log(self, dialect: str, messages: list[Any], got: Reassembled,
+            kwargs: Mapping[str, Any], result: CompactionResult | None) -> None:
+        with self.lock:
+            safe = self.converted.safe(messages)
         call = ModelCall(
-            episode_id=self.episode_id, dialect=dialect, messages=_json_safe(messages),
-            response=_json_safe(response), request=_request_fields(kwargs),
-            usage=_json_safe(_dump(usage) or {}), model=str(model) if model else None,
+            episode_id=self.episode_id, dialect=dialect, messages=safe,
+            response=_json_safe(_unparsed(got.response)), request=_request_fields(kwargs),
+            usage=_json_safe(got.usage or {}), model=str(got.model) if got.model else None,
             compacted=bool(result is not None and result.modified), group_id=self.group_id,
+            prompt_token_ids=got.prompt_token_ids, response_token_ids=got.token_ids,
+            response_logprobs=got.logprobs,
         )
         log_model_call(call, self.pm)
 
 
-# ------------------------------------------------------------------ preparing requests
+# ------------------------------------------------------------------ the call paths
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """How one resource's requests carry their context."""
+
+    dialect: str
+    key: str  # the messages field
+    fixed: tuple[str, ...]  # fields besides the messages that the model receives
+
+
+_CHAT = _Endpoint("openai_chat", "messages", ("tools",))
+_RESPONSES = _Endpoint("openai_responses", "input", ("instructions", "tools"))
+_MESSAGES = _Endpoint("anthropic", "messages", ("system", "tools"))
+
+#: What each method of a wrapped resource does: ``call`` (compacted, recorded), ``stream``
+#: (the SDK's stream helper: compacted, recorded on exit), ``count`` (compacted, not a
+#: model call: not recorded), ``pass`` (sends no context), a string (refused: the reason),
+#: or a nested table (a sub-resource).
+_Table = dict[str, Any]
+_BATCHES_REFUSED = ("a batch's requests are not compacted by agentcompact; compact each "
+                    "request's messages with an Engine, or call it on client.unwrapped")
+_BATCHES: _Table = {"create": _BATCHES_REFUSED, "cancel": "pass", "delete": "pass",
+                    "list": "pass", "results": "pass", "retrieve": "pass"}
+_TABLES: dict[str, _Table] = {
+    "chat.completions": {
+        "create": "call", "parse": "call", "stream": "stream", "delete": "pass",
+        "list": "pass", "retrieve": "pass", "update": "pass", "messages": "pass"},
+    "responses": {
+        "create": "call", "parse": "call", "stream": "stream", "compact": "count",
+        "cancel": "pass", "delete": "pass", "retrieve": "pass", "input_items": "pass",
+        "input_tokens": {"count": "count"},
+        "connect": "a realtime connection's context is not compacted by agentcompact; call "
+                   "it on client.unwrapped"},
+    "messages": {
+        "create": "call", "parse": "call", "stream": "stream", "count_tokens": "count",
+        "batches": _BATCHES,
+        "tool_runner": "tool_runner calls the unwrapped client; run the tool loop with "
+                       "messages.create / stream on the wrapped client",
+        "thread": "a server-held thread's context is not compacted by agentcompact; send "
+                  "the history with messages.create on the wrapped client"},
+}
+_ENDPOINTS = {"chat.completions": _CHAT, "responses": _RESPONSES, "messages": _MESSAGES}
+
+
+def _is_async(client: Any) -> bool:
+    return any(c.__name__ == "AsyncAPIClient" for c in type(client).__mro__)
 
 
 class _Prepared:
     """A request with its messages compacted; ``finish`` logs the response."""
 
-    def __init__(self, session: Session, dialect: str, key: str, kwargs: dict[str, Any],
-                 pseudo_key: str | None) -> None:
-        self.session, self.dialect, self.key = session, dialect, key
-        self.kwargs = kwargs
+    def __init__(self, session: Session, endpoint: _Endpoint, kwargs: dict[str, Any]) -> None:
+        self.session, self.endpoint, self.kwargs = session, endpoint, kwargs
         self.result: CompactionResult | None = None
         self.messages: list[Any] | None = None
-        native = kwargs.get(key)
-        if not isinstance(native, list) or kwargs.get("previous_response_id"):
-            return
-        self.native = [_plain(m) for m in native]
-        self.pseudo = self._pseudo(pseudo_key)
+        native: Any = kwargs.get(endpoint.key)
+        if _given(native) and not isinstance(native, (str, list, tuple)):
+            if not hasattr(native, "__iter__") or isinstance(native, (bytes, Mapping)):
+                raise DialectError(f"{endpoint.dialect}: {endpoint.key} is "
+                                   f"{type(native).__name__}, not a list of messages")
+            native = list(native)  # the SDKs take any iterable: read it once, here
+            self.kwargs = kwargs = {**kwargs, endpoint.key: native}
+        self.active = isinstance(native, (list, tuple)) and not _given(
+            kwargs.get("previous_response_id"))
+        if self.active and isinstance(native, (list, tuple)):
+            with session.lock:
+                self.native = session.converted.plain(native)
+            for i, message in enumerate(self.native):
+                if not isinstance(message, dict):
+                    raise DialectError(f"{endpoint.dialect}: {endpoint.key}[{i}] is "
+                                       f"{type(message).__name__}, not a message (a dict or an "
+                                       "SDK model)")
 
-    def _pseudo(self, pseudo_key: str | None) -> dict[str, Any] | None:
-        # system prompt / instructions count toward the budget as a leading head message
-        value = self.kwargs.get(pseudo_key) if pseudo_key else None
-        if not value or type(value).__name__ in ("NotGiven", "Omit"):
-            return None
-        role = "developer" if self.dialect == "openai_responses" else "system"
-        return {"role": role, "content": _plain(value)}
-
-    @property
-    def active(self) -> bool:
-        return hasattr(self, "native")
-
-    def _input(self) -> list[Any]:
-        return [self.pseudo, *self.native] if self.pseudo is not None else self.native
+    def _fixed(self, engine: Engine) -> int:
+        body = {k: _plain(self.kwargs[k]) for k in self.endpoint.fixed
+                if _given(self.kwargs.get(k))}
+        return engine.fixed_tokens(body) if body else 0
 
     def apply(self, result: CompactionResult) -> dict[str, Any]:
         self.result = result
-        out = result.messages
-        if self.pseudo is not None:
-            out = out[1:]
-        self.messages = out
+        self.messages = result.messages
         # send exactly what is logged: SDK objects in the history go out as their dicts
-        return {**self.kwargs, self.key: out}
+        return {**self.kwargs, self.endpoint.key: result.messages}
 
     def compact(self) -> dict[str, Any]:
         if not self.active:
             return self.kwargs
-        return self.apply(self.session.engine(self.dialect).compact(self._input()))
+        engine = self.session.engine(self.endpoint.dialect)
+        return self.apply(engine.compact(self.native, fixed_tokens=self._fixed(engine)))
 
     async def acompact(self) -> dict[str, Any]:
         if not self.active:
             return self.kwargs
-        return self.apply(await self.session.engine(self.dialect).acompact(self._input()))
+        engine = self.session.engine(self.endpoint.dialect)
+        return self.apply(await engine.acompact(self.native, fixed_tokens=self._fixed(engine)))
 
-    def finish(self, response: list[Any], usage: Any, model: Any) -> None:
+    def finish(self, got: Reassembled | None) -> None:
+        """Log the call with its response; a failure is logged, never raised."""
+        if got is None or not self.session.record:
+            return
+        try:
+            sent = self.messages if self.messages is not None else self.kwargs.get(
+                self.endpoint.key)
+            if isinstance(sent, str):
+                sent = [{"role": "user", "content": sent}]
+            sent = sent if isinstance(sent, list) and self.messages is not None else _plain(sent)
+            self.session.log(self.endpoint.dialect, list(sent or []), got, self.kwargs,
+                             self.result)
+        except Exception as exc:  # recording must never break the caller's call
+            log.error("agentcompact: recording a %s call failed: %s", self.endpoint.dialect,
+                      type(exc).__name__)
+
+    def finish_object(self, response: Any) -> None:
+        """Log a parsed SDK response object."""
         if not self.session.record:
             return
-        sent = self.messages if self.messages is not None else self.kwargs.get(self.key)
-        if isinstance(sent, str):
-            sent = [{"role": "user", "content": sent}]
-        self.session.log(self.dialect, list(sent or []), response, self.kwargs, usage, model,
-                         self.result)
-
-
-# ------------------------------------------------------------------ response reassembly
-
-
-def _chat_response(completion: Any) -> tuple[list[Any], Any, Any]:
-    message = completion.choices[0].message if completion.choices else None
-    return [_dump(message)] if message is not None else [], completion.usage, completion.model
-
-
-def _responses_response(response: Any) -> tuple[list[Any], Any, Any]:
-    return [_dump(item) for item in response.output or ()], response.usage, response.model
-
-
-def _anthropic_response(message: Any) -> tuple[list[Any], Any, Any]:
-    content = [_dump(block) for block in message.content or ()]
-    return [{"role": "assistant", "content": content}], message.usage, message.model
-
-
-class _ChatChunks:
-    """Reassembles a streamed Chat Completion."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.reasoning: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}
-        self.usage: Any = None
-        self.model: Any = None
-
-    def add(self, chunk: Any) -> None:
-        self.model = getattr(chunk, "model", None) or self.model
-        self.usage = getattr(chunk, "usage", None) or self.usage
-        for choice in getattr(chunk, "choices", None) or ():
-            if choice.index != 0:
-                continue
-            delta = choice.delta
-            self.text.append(delta.content or "")
-            extra = getattr(delta, "model_extra", None) or {}
-            reasoning = extra.get("reasoning_content") or extra.get("reasoning")
-            if isinstance(reasoning, str):
-                self.reasoning.append(reasoning)
-            for call in delta.tool_calls or ():
-                entry = self.calls.setdefault(call.index, {
-                    "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-                entry["id"] = call.id or entry["id"]
-                if call.function is not None:
-                    entry["function"]["name"] += call.function.name or ""
-                    entry["function"]["arguments"] += call.function.arguments or ""
-
-    def result(self) -> tuple[list[Any], Any, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text) or None}
-        if self.reasoning:
-            message["reasoning_content"] = "".join(self.reasoning)
-        if self.calls:
-            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
-        return [message], self.usage, self.model
-
-
-class _ResponseEvents:
-    """Keeps the final response of a streamed Responses call."""
-
-    def __init__(self) -> None:
-        self.response: Any = None
-
-    def add(self, event: Any) -> None:
-        if getattr(event, "type", "") in ("response.completed", "response.incomplete",
-                                          "response.failed"):
-            self.response = event.response
-
-    def result(self) -> tuple[list[Any], Any, Any] | None:
-        return _responses_response(self.response) if self.response is not None else None
-
-
-class _MessageEvents:
-    """Reassembles a streamed Anthropic message from its raw events."""
-
-    def __init__(self) -> None:
-        self.blocks: dict[int, dict[str, Any]] = {}
-        self.partial: dict[int, str] = {}
-        self.usage: dict[str, Any] = {}
-        self.model: Any = None
-        self.done = False
-
-    def add(self, event: Any) -> None:
-        kind = getattr(event, "type", "")
-        if kind == "message_start":
-            self.model = event.message.model
-            self.usage.update(_dump(event.message.usage) or {})
-        elif kind == "content_block_start":
-            self.blocks[event.index] = dict(_dump(event.content_block))
-        elif kind == "content_block_delta":
-            self._delta(event.index, event.delta)
-        elif kind == "content_block_stop" and event.index in self.partial:
-            raw = self.partial.pop(event.index)
-            self.blocks[event.index]["input"] = json.loads(raw) if raw else {}
-        elif kind == "message_delta":
-            self.usage.update({k: v for k, v in (_dump(event.usage) or {}).items()
-                               if v is not None})
-        elif kind == "message_stop":
-            self.done = True
-
-    def _delta(self, index: int, delta: Any) -> None:
-        block = self.blocks.setdefault(index, {})
-        kind = getattr(delta, "type", "")
-        if kind == "text_delta":
-            block["text"] = block.get("text", "") + delta.text
-        elif kind == "input_json_delta":
-            self.partial[index] = self.partial.get(index, "") + delta.partial_json
-        elif kind == "thinking_delta":
-            block["thinking"] = block.get("thinking", "") + delta.thinking
-        elif kind == "signature_delta":
-            block["signature"] = delta.signature
-
-    def result(self) -> tuple[list[Any], Any, Any] | None:
-        if not self.done:
-            return None
-        content = [self.blocks[i] for i in sorted(self.blocks)]
-        return [{"role": "assistant", "content": content}], self.usage, self.model
+        try:
+            got = from_body(self.endpoint.dialect, _dump(response))
+        except Exception as exc:
+            log.error("agentcompact: reading a %s response failed: %s", self.endpoint.dialect,
+                      type(exc).__name__)
+            return
+        self.finish(got)
 
 
 class _LoggedStream:
-    """The SDK's stream, iterated through: reassembles the response, logs it at the end."""
+    """The SDK's stream, iterated through: each event goes to the shared reassembler (as
+    its wire dict), and the rebuilt response is logged when the stream ends."""
 
-    def __init__(self, stream: Any, collector: Any, prepared: _Prepared) -> None:
+    def __init__(self, stream: Any, prepared: _Prepared) -> None:
         self._stream = stream
-        self._collector = collector
         self._prepared = prepared
+        self._collector = reassembler(prepared.endpoint.dialect)
         self._logged = False
+
+    def _add(self, item: Any) -> None:
+        try:
+            self._collector.add(_dump(item))
+        except Exception as exc:  # never raised into the caller's stream
+            log.error("agentcompact: reading a %s stream event failed: %s",
+                      self._prepared.endpoint.dialect, type(exc).__name__)
 
     def _done(self) -> None:
         if self._logged:
             return
         self._logged = True
-        outcome = self._collector.result()
-        if outcome is not None:
-            self._prepared.finish(*outcome)
+        got = self._collector.result()
+        if got.complete:
+            self._prepared.finish(got)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -335,7 +379,7 @@ class _LoggedStream:
         except StopIteration:
             self._done()
             raise
-        self._collector.add(item)
+        self._add(item)
         return item
 
     def __enter__(self) -> _LoggedStream:
@@ -354,7 +398,7 @@ class _LoggedStream:
         except StopAsyncIteration:
             self._done()
             raise
-        self._collector.add(item)
+        self._add(item)
         return item
 
     async def __aenter__(self) -> _LoggedStream:
@@ -364,82 +408,144 @@ class _LoggedStream:
         await self._stream.close()
 
 
-class _LoggedStreamManager:
-    """Anthropic's ``messages.stream(...)`` manager; logs the final message on exit."""
+def _final_snapshot(stream: Any, dialect: str) -> Any:
+    """The SDK stream helper's final response, or ``None`` when the stream did not end."""
+    if dialect == "anthropic":
+        snapshot = stream.current_message_snapshot
+        return snapshot if snapshot.stop_reason is not None else None
+    if dialect == "openai_chat":
+        snapshot = stream.current_completion_snapshot
+        choices = snapshot.choices or ()
+        return snapshot if choices and choices[0].finish_reason is not None else None
+    state = getattr(stream, "_state", None)  # ResponseStream keeps it there, public or not
+    return getattr(state, "_completed_response", None)
 
-    def __init__(self, manager: Any, prepared: _Prepared) -> None:
-        self._manager = manager
+
+class _LoggedStreamManager:
+    """A context manager the SDK returns without a request sent yet: a stream helper's
+    (``messages.stream(...)``, ``chat.completions.stream``, ``responses.stream``) or a
+    ``with_streaming_response`` call's. The context is compacted on entering (awaiting an
+    async strategy in ``async with``); a stream helper's own final snapshot is logged on a
+    clean exit."""
+
+    def __init__(self, method: Callable[..., Any], prepared: _Prepared, record: bool) -> None:
+        self._method = method
         self._prepared = prepared
+        self._record = record
+        self._manager: Any = None
         self._stream: Any = None
 
     def _done(self) -> None:
+        if not self._record:
+            return
+        dialect = self._prepared.endpoint.dialect
         try:
-            snapshot = self._stream.current_message_snapshot
-        except (AssertionError, AttributeError):
+            final = _final_snapshot(self._stream, dialect)
+        except (AssertionError, AttributeError, RuntimeError):
             return  # nothing received
-        if snapshot is not None and snapshot.stop_reason is not None:
-            self._prepared.finish(*_anthropic_response(snapshot))
+        if final is not None:
+            self._prepared.finish_object(final)
 
     def __enter__(self) -> Any:
+        self._manager = self._method(**self._prepared.compact())
         self._stream = self._manager.__enter__()
         return self._stream
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: Any) -> Any:
         if exc[0] is None:
             self._done()
-        self._manager.__exit__(*exc)
+        return self._manager.__exit__(*exc)
 
     async def __aenter__(self) -> Any:
+        self._manager = self._method(**await self._prepared.acompact())
         self._stream = await self._manager.__aenter__()
         return self._stream
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: Any) -> Any:
         if exc[0] is None:
             self._done()
-        await self._manager.__aexit__(*exc)
+        return await self._manager.__aexit__(*exc)
 
 
-# ------------------------------------------------------------------ the proxies
-
-
-_Reader = Callable[[Any], tuple[list[Any], Any, Any]]
-
-
-def _is_async(client: Any) -> bool:
-    return any(c.__name__ == "AsyncAPIClient" for c in type(client).__mro__)
-
-
-def _wrap_create(session: Session, create: Callable[..., Any], is_async: bool, dialect: str,
-                 key: str, pseudo_key: str | None, read: _Reader, collector: Callable[[], Any]
-                 ) -> Callable[..., Any]:
-    def deliver(prepared: _Prepared, response: Any, stream: bool) -> Any:
-        if not session.record:
-            return response
-        if stream:
-            return _LoggedStream(response, collector(), prepared)
-        prepared.finish(*read(response))
+def _deliver(prepared: _Prepared, response: Any, kind: str, mode: str, stream: bool) -> Any:
+    if not prepared.session.record or kind == "count":
         return response
-
-    if is_async or inspect.iscoroutinefunction(inspect.unwrap(create)):
-        async def acreate(**kwargs: Any) -> Any:
-            prepared = _Prepared(session, dialect, key, kwargs, pseudo_key)
-            response = await create(**await prepared.acompact())
-            return deliver(prepared, response, bool(kwargs.get("stream")))
-        return acreate
-
-    def screate(**kwargs: Any) -> Any:
-        prepared = _Prepared(session, dialect, key, kwargs, pseudo_key)
-        response = create(**prepared.compact())
-        return deliver(prepared, response, bool(kwargs.get("stream")))
-    return screate
+    if mode == "raw":
+        if not stream:  # parse() caches: the caller's own parse() gets the same object
+            prepared.finish_object(response.parse())
+        return response  # a raw stream is the caller's to read: not recorded
+    if stream:
+        return _LoggedStream(response, prepared)
+    prepared.finish_object(response)
+    return response
 
 
-def _wrap_stream(session: Session, stream: Callable[..., Any]) -> Callable[..., Any]:
-    def open_stream(**kwargs: Any) -> Any:
-        prepared = _Prepared(session, "anthropic", "messages", kwargs, "system")
-        manager = stream(**prepared.compact())
-        return _LoggedStreamManager(manager, prepared) if session.record else manager
-    return open_stream
+async def _adeliver(prepared: _Prepared, response: Any, kind: str, mode: str, stream: bool
+                    ) -> Any:
+    if mode == "raw" and not stream and prepared.session.record and kind != "count":
+        parsed = response.parse()  # async in anthropic's AsyncAPIResponse
+        prepared.finish_object(await parsed if inspect.isawaitable(parsed) else parsed)
+        return response
+    return _deliver(prepared, response, kind, mode, stream)
+
+
+def _wrap_call(session: Session, endpoint: _Endpoint, method: Callable[..., Any], kind: str,
+               mode: str, is_async: bool) -> Callable[..., Any]:
+    if (kind == "stream" and mode == "plain") or mode == "streaming":
+        # a context manager, returned before anything is sent
+        record = session.record and mode == "plain"
+
+        def open_manager(**kwargs: Any) -> Any:
+            return _LoggedStreamManager(method, _Prepared(session, endpoint, kwargs), record)
+        return open_manager
+
+    if is_async or inspect.iscoroutinefunction(inspect.unwrap(method)):
+        async def acall(**kwargs: Any) -> Any:
+            prepared = _Prepared(session, endpoint, kwargs)
+            response = await method(**await prepared.acompact())
+            return await _adeliver(prepared, response, kind, mode, kwargs.get("stream") is True)
+        return acall
+
+    def call(**kwargs: Any) -> Any:
+        prepared = _Prepared(session, endpoint, kwargs)
+        response = method(**prepared.compact())
+        return _deliver(prepared, response, kind, mode, kwargs.get("stream") is True)
+    return call
+
+
+class _Resource:
+    """A wrapped SDK resource: each attribute is compacted, passed through or refused,
+    according to its table; an attribute not in the table is refused."""
+
+    def __init__(self, target: Any, table: _Table, session: Session, endpoint: _Endpoint,
+                 path: str, is_async: bool, mode: str = "plain") -> None:
+        self._target, self._table, self._session = target, table, session
+        self._endpoint, self._path, self._async, self._mode = endpoint, path, is_async, mode
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            return getattr(self._target, name)
+        if name in ("with_raw_response", "with_streaming_response") and self._mode == "plain":
+            mode = "raw" if name == "with_raw_response" else "streaming"
+            return _Resource(getattr(self._target, name), self._table, self._session,
+                             self._endpoint, f"{self._path}.{name}", self._async, mode)
+        what = self._table.get(name)
+        if what is None:
+            raise ConfigError(
+                f"{self._path}.{name} is not known to agentcompact's SDK wrapper, so it is "
+                "refused rather than sent uncompacted; call it on client.unwrapped")
+        if isinstance(what, dict):
+            return _Resource(getattr(self._target, name), what, self._session,
+                             self._endpoint, f"{self._path}.{name}", self._async, self._mode)
+        if what == "pass":
+            return getattr(self._target, name)
+        if what in ("call", "stream", "count"):
+            return _wrap_call(self._session, self._endpoint, getattr(self._target, name), what,
+                              self._mode, self._async)
+        raise ConfigError(f"{self._path}.{name}: {what}")
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._table)
 
 
 class _Proxy:
@@ -465,22 +571,32 @@ class CompactedClient:
     def __init__(self, client: Any, session: Session) -> None:
         self.unwrapped = client
         self.session = session
-        s, a = session, _is_async(client)
+        a = _is_async(client)
+
+        def resource(target: Any, name: str, path: str) -> _Resource:
+            return _Resource(target, _TABLES[name], session, _ENDPOINTS[name], path, a)
+
         if hasattr(client, "chat") and hasattr(client, "responses"):  # OpenAI
-            completions = client.chat.completions
-            self.chat = _Proxy(client.chat, {"completions": _Proxy(completions, {
-                "create": _wrap_create(s, completions.create, a, "openai_chat", "messages", None,
-                                       _chat_response, _ChatChunks)})})
-            self.responses = _Proxy(client.responses, {
-                "create": _wrap_create(s, client.responses.create, a, "openai_responses",
-                                       "input", "instructions", _responses_response,
-                                       _ResponseEvents)})
+            session.engine("openai_chat")  # options checked now, not at the first call
+            self.chat = _Proxy(client.chat, {"completions": resource(
+                client.chat.completions, "chat.completions", "chat.completions")})
+            self.responses = resource(client.responses, "responses", "responses")
+            beta = getattr(client, "beta", None)
+            if beta is not None:
+                over: dict[str, Any] = {}
+                if hasattr(beta, "chat"):
+                    over["chat"] = _Proxy(beta.chat, {"completions": resource(
+                        beta.chat.completions, "chat.completions", "beta.chat.completions")})
+                if hasattr(beta, "responses"):
+                    over["responses"] = resource(beta.responses, "responses", "beta.responses")
+                self.beta = _Proxy(beta, over)
         elif hasattr(client, "messages"):  # Anthropic
-            messages = client.messages
-            self.messages = _Proxy(messages, {
-                "create": _wrap_create(s, messages.create, a, "anthropic", "messages", "system",
-                                       _anthropic_response, _MessageEvents),
-                "stream": _wrap_stream(s, messages.stream)})
+            session.engine("anthropic")
+            self.messages = resource(client.messages, "messages", "messages")
+            beta = getattr(client, "beta", None)
+            if beta is not None and hasattr(beta, "messages"):
+                self.beta = _Proxy(beta, {"messages": resource(beta.messages, "messages",
+                                                               "beta.messages")})
         else:
             raise ConfigError(f"unsupported client {type(client).__name__}: expected an "
                               "openai or anthropic SDK client")
@@ -541,7 +657,9 @@ def compact(client: Any, *, engine: Engine | Mapping[str, Any] | None = None,
 
     :param engine: an :class:`~agentcompact.Engine` (used for its own dialect; engines for the
         client's other endpoints copy its strategy and budget), or ``Engine`` keyword
-        arguments; or give them directly (``trigger_tokens=60000``).
+        arguments; or give them directly (``trigger_tokens=60000``; the :class:`Budget`
+        fields ``recent_turns`` / ``min_recent_turns`` / ``limit_tokens`` too). Options are
+        checked here: a bad one raises :class:`ConfigError` naming it.
     :param episode_id: / :param group_id: stamped on logged calls (default: a fresh episode).
     :param record: fire ``agentcompact_log_model_call`` for each call (default true).
     :param plugins: the plugin manager for engines and logging (default: the global one).

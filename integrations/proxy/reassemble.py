@@ -1,20 +1,27 @@
-"""Turn a relayed response (JSON or an SSE stream) back into native assistant messages.
+"""Turn a response (JSON, an SSE stream, or parsed stream events) back into native assistant
+messages: the one reassembler shared by the proxy and the SDK wrapper.
 
-``--record`` logs each model call with the response the client received. Streams are
-relayed unparsed; the proxy keeps a copy of the bytes and, once the stream ends, rebuilds
-what a non-streaming call would have returned, for each of the three protocols:
+The proxy's ``--record`` keeps a copy of the relayed bytes and calls :func:`reassemble`
+once the stream ends; the SDK wrapper feeds each event it passes to the caller, as a dict,
+to a :func:`reassembler` (``add(event)``, then ``result()``). Either way the result is what
+a non-streaming call would have returned, for each of the three protocols:
 
 - Anthropic Messages: ``message_start`` + ``content_block_*`` deltas (text, tool input
-  JSON, thinking and its signature, citations) + ``message_delta`` usage;
-- OpenAI Chat Completions: ``chat.completion.chunk`` deltas (content, reasoning, tool-call
-  fragments by index) + the usage chunk;
+  JSON, thinking and its signature - both appended, never overwritten - and citations)
+  + ``message_delta`` usage;
+- OpenAI Chat Completions: ``chat.completion.chunk`` deltas (content, reasoning, refusal,
+  tool-call fragments by index) + the usage chunk, and what the server reports for RL:
+  per-token ``logprobs`` and vLLM/SGLang ``token_ids`` / ``prompt_token_ids``;
 - OpenAI Responses: the final ``response.completed`` / ``response.incomplete`` event (or,
   when the stream stopped early, the ``response.output_item.done`` items seen).
+
+Events it does not know are skipped; a malformed event never raises (the result is then
+marked incomplete only if the end of the stream was not seen).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,17 +29,28 @@ import orjson
 
 from .wire import ANTHROPIC, CHAT
 
-__all__ = ["Reassembled", "iter_sse", "reassemble"]
+__all__ = [
+    "Reassembled", "Reassembler", "from_body", "iter_sse", "reassemble", "reassemble_events",
+    "reassembler",
+]
 
 
 @dataclass
 class Reassembled:
-    """The response as native messages of the request's dialect, with usage and model."""
+    """The response as native messages of the request's dialect, with usage and model.
+
+    ``prompt_token_ids`` / ``token_ids`` / ``logprobs`` are the serving engine's own
+    figures when it sent them (Chat Completions: vLLM/SGLang ``prompt_token_ids`` and the
+    choice's ``token_ids``; the choice's ``logprobs.content[*].logprob``), unchanged.
+    """
 
     response: list[Any] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
     complete: bool = False
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
 
 
 def iter_sse(data: bytes) -> Iterator[tuple[str | None, str]]:
@@ -53,23 +71,30 @@ def iter_sse(data: bytes) -> Iterator[tuple[str | None, str]]:
 def reassemble(dialect: str, data: bytes, *, streamed: bool) -> Reassembled:
     """Rebuild the response of one call from the bytes the client received."""
     if not streamed:
-        return _from_json(dialect, orjson.loads(data))
-    events = []
+        return from_body(dialect, orjson.loads(data))
+    return reassemble_events(dialect, _sse_events(data))
+
+
+def _sse_events(data: bytes) -> Iterator[Any]:
     for _, payload in iter_sse(data):
         if payload.strip() == "[DONE]":
             continue
         try:
-            events.append(orjson.loads(payload))
+            yield orjson.loads(payload)
         except orjson.JSONDecodeError:
             continue
-    if dialect == ANTHROPIC:
-        return _anthropic_stream(events)
-    if dialect == CHAT:
-        return _chat_stream(events)
-    return _responses_stream(events)
 
 
-def _from_json(dialect: str, body: Any) -> Reassembled:
+def reassemble_events(dialect: str, events: Iterable[Any]) -> Reassembled:
+    """Rebuild the response of one call from its parsed stream events (dicts)."""
+    out = reassembler(dialect)
+    for event in events:
+        out.add(event)
+    return out.result()
+
+
+def from_body(dialect: str, body: Any) -> Reassembled:
+    """The native assistant output of a non-streamed response body (a dict)."""
     if not isinstance(body, dict):
         return Reassembled()
     usage = body.get("usage") or {}
@@ -79,100 +104,175 @@ def _from_json(dialect: str, body: Any) -> Reassembled:
         return Reassembled([message], usage, model, True)
     if dialect == CHAT:
         choices = body.get("choices") or [{}]
-        message = choices[0].get("message") or {}
-        return Reassembled([message], usage, model, True)
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        message = choice.get("message") or {}
+        out = Reassembled([message], usage, model, True)
+        _rl_fields(out, body, choice)
+        if out.logprobs is None:
+            out.logprobs = _logprob_values(choice.get("logprobs"))
+        return out
     return Reassembled(list(body.get("output") or []), usage, model, True)
 
 
-def _anthropic_stream(events: list[Any]) -> Reassembled:
-    out = Reassembled()
-    blocks: dict[int, dict[str, Any]] = {}
-    partial: dict[int, list[str]] = {}
-    for ev in events:
-        kind = ev.get("type") if isinstance(ev, dict) else None
+def _rl_fields(out: Reassembled, body: dict[str, Any], choice: dict[str, Any]) -> None:
+    prompt = body.get("prompt_token_ids", choice.get("prompt_token_ids"))
+    if isinstance(prompt, list):
+        out.prompt_token_ids = prompt
+    ids = choice.get("token_ids")
+    if isinstance(ids, list):
+        out.token_ids = ids
+
+
+def _logprob_values(logprobs: Any) -> list[float] | None:
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
+        return None
+    content: list[Any] = logprobs["content"]
+    values: list[Any] = [e.get("logprob") for e in content if isinstance(e, dict)]
+    return values  # as sent, never converted
+
+
+class Reassembler:
+    """Builds one response from its stream events, fed one at a time with :meth:`add`."""
+
+    def __init__(self) -> None:
+        self.out = Reassembled()
+
+    def add(self, event: Any) -> None:
+        """Take one event (a dict as sent on the wire); anything else is skipped."""
+        if isinstance(event, dict):
+            try:
+                self._add(event)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                pass  # a malformed event: skipped, as unknown events are
+
+    def _add(self, event: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def result(self) -> Reassembled:
+        """The response as rebuilt from the events seen so far."""
+        return self.out
+
+
+def reassembler(dialect: str) -> Reassembler:
+    """A new incremental reassembler for a stream of ``dialect``."""
+    if dialect == ANTHROPIC:
+        return _AnthropicStream()
+    if dialect == CHAT:
+        return _ChatStream()
+    return _ResponsesStream()
+
+
+class _AnthropicStream(Reassembler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial: dict[int, list[str]] = {}
+
+    def _add(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("type")
+        out = self.out
         if kind == "message_start":
             message = ev.get("message") or {}
             out.model = message.get("model")
             out.usage = dict(message.get("usage") or {})
         elif kind == "content_block_start":
-            blocks[ev["index"]] = dict(ev.get("content_block") or {})
+            self.blocks[int(ev["index"])] = dict(ev.get("content_block") or {})
         elif kind == "content_block_delta":
-            _anthropic_delta(blocks.setdefault(ev["index"], {}), partial, ev)
-        elif kind == "content_block_stop" and ev.get("index") in partial:
-            raw = "".join(partial.pop(ev["index"]))
-            block = blocks.get(ev["index"], {})
+            index = int(ev["index"])
+            self._delta(self.blocks.setdefault(index, {}), index, ev.get("delta") or {})
+        elif kind == "content_block_stop" and ev.get("index") in self.partial:
+            raw = "".join(self.partial.pop(ev["index"]))
+            block = self.blocks.get(ev["index"], {})
             try:
                 block["input"] = orjson.loads(raw) if raw else {}
             except orjson.JSONDecodeError:
                 block["input"] = raw
         elif kind == "message_delta":
-            out.usage.update(ev.get("usage") or {})
+            out.usage.update({k: v for k, v in (ev.get("usage") or {}).items() if v is not None})
         elif kind == "message_stop":
             out.complete = True
-    content = [blocks[i] for i in sorted(blocks)]
-    out.response = [{"role": "assistant", "content": content}]
-    return out
+
+    def _delta(self, block: dict[str, Any], index: int, delta: dict[str, Any]) -> None:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            block["text"] = block.get("text", "") + delta.get("text", "")
+        elif kind == "input_json_delta":
+            self.partial.setdefault(index, []).append(delta.get("partial_json", ""))
+        elif kind == "thinking_delta":
+            block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
+        elif kind == "signature_delta":
+            block["signature"] = block.get("signature", "") + delta.get("signature", "")
+        elif kind == "citations_delta":
+            citations = block.get("citations")
+            block["citations"] = [*(citations or []), delta.get("citation")]
+
+    def result(self) -> Reassembled:
+        self.out.response = [{"role": "assistant",
+                              "content": [self.blocks[i] for i in sorted(self.blocks)]}]
+        return self.out
 
 
-def _anthropic_delta(block: dict[str, Any], partial: dict[int, list[str]], ev: Any) -> None:
-    delta = ev.get("delta") or {}
-    kind = delta.get("type")
-    if kind == "text_delta":
-        block["text"] = block.get("text", "") + delta.get("text", "")
-    elif kind == "input_json_delta":
-        partial.setdefault(ev["index"], []).append(delta.get("partial_json", ""))
-    elif kind == "thinking_delta":
-        block["thinking"] = block.get("thinking", "") + delta.get("thinking", "")
-    elif kind == "signature_delta":
-        block["signature"] = block.get("signature", "") + delta.get("signature", "")
-    elif kind == "citations_delta":
-        block.setdefault("citations", []).append(delta.get("citation"))
+class _ChatStream(Reassembler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.message: dict[str, Any] = {"role": "assistant", "content": None}
+        self.calls: dict[int, dict[str, Any]] = {}
 
-
-def _chat_stream(events: list[Any]) -> Reassembled:
-    out = Reassembled()
-    message: dict[str, Any] = {"role": "assistant", "content": None}
-    calls: dict[int, dict[str, Any]] = {}
-    for ev in events:
-        if not isinstance(ev, dict):
-            continue
+    def _add(self, ev: dict[str, Any]) -> None:
+        out = self.out
         out.model = ev.get("model") or out.model
         if ev.get("usage"):
             out.usage = dict(ev["usage"])
+        if isinstance(ev.get("prompt_token_ids"), list):
+            out.prompt_token_ids = ev["prompt_token_ids"]
         for choice in ev.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
+            if isinstance(choice.get("prompt_token_ids"), list):
+                out.prompt_token_ids = choice["prompt_token_ids"]
             delta = choice.get("delta") or {}
-            for key in ("content", "reasoning_content", "refusal"):
+            message = self.message
+            for key in ("content", "reasoning_content", "reasoning", "refusal"):
                 if delta.get(key):
                     message[key] = (message.get(key) or "") + delta[key]
             for frag in delta.get("tool_calls") or ():
-                _chat_tool_fragment(calls, frag)
+                self._tool_fragment(frag)
+            ids = choice.get("token_ids")
+            if isinstance(ids, list):
+                out.token_ids = [*(out.token_ids or []), *ids]
+            values = _logprob_values(choice.get("logprobs"))
+            if values is not None:
+                out.logprobs = [*(out.logprobs or []), *values]
             if choice.get("finish_reason"):
                 out.complete = True
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    out.response = [message]
-    return out
+
+    def _tool_fragment(self, frag: dict[str, Any]) -> None:
+        call = self.calls.setdefault(int(frag.get("index", 0)), {
+            "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        if frag.get("id"):
+            call["id"] = frag["id"]
+        function = frag.get("function") or {}
+        call["function"]["name"] += function.get("name") or ""
+        call["function"]["arguments"] += function.get("arguments") or ""
+
+    def result(self) -> Reassembled:
+        message = dict(self.message)
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        self.out.response = [message]
+        return self.out
 
 
-def _chat_tool_fragment(calls: dict[int, dict[str, Any]], frag: dict[str, Any]) -> None:
-    call = calls.setdefault(int(frag.get("index", 0)), {
-        "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-    if frag.get("id"):
-        call["id"] = frag["id"]
-    function = frag.get("function") or {}
-    call["function"]["name"] += function.get("name") or ""
-    call["function"]["arguments"] += function.get("arguments") or ""
+class _ResponsesStream(Reassembler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.done: dict[int, Any] = {}
 
-
-def _responses_stream(events: list[Any]) -> Reassembled:
-    out = Reassembled()
-    done: dict[int, Any] = {}
-    for ev in events:
-        kind = ev.get("type") if isinstance(ev, dict) else None
+    def _add(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("type")
+        out = self.out
         if kind == "response.output_item.done":
-            done[int(ev.get("output_index", len(done)))] = ev.get("item")
+            self.done[int(ev.get("output_index", len(self.done)))] = ev.get("item")
         elif kind in ("response.created", "response.completed", "response.incomplete",
                       "response.failed"):
             response = ev.get("response") or {}
@@ -181,6 +281,8 @@ def _responses_stream(events: list[Any]) -> Reassembled:
                 out.usage = dict(response.get("usage") or {})
                 out.response = list(response.get("output") or [])
                 out.complete = True
-    if not out.complete:
-        out.response = [done[i] for i in sorted(done)]
-    return out
+
+    def result(self) -> Reassembled:
+        if not self.out.complete:
+            self.out.response = [self.done[i] for i in sorted(self.done)]
+        return self.out

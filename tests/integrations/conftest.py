@@ -34,3 +34,27 @@ def pm(collector: Collector) -> Any:
     pm = new_plugin_manager()
     pm.register(collector)
     return pm
+
+
+_METERS: dict[str, Any] = {}
+_KEYS = {"openai_chat": "messages", "openai_responses": "input", "anthropic": "messages"}
+
+
+def sent_tokens(body: dict[str, Any], dialect: str = "openai_chat") -> int:
+    """Tokens of what the provider received in ``body`` (messages, system / instructions
+    and tool schemas), counted the way the engine counts (tiktoken o200k)."""
+    from agentcompact import Engine
+
+    meter = _METERS.get(dialect)
+    if meter is None:
+        meter = _METERS[dialect] = Engine(dialect=dialect, trigger_tokens=10**9)
+    messages = body.get(_KEYS[dialect])
+    count = meter.count(messages) if isinstance(messages, list) else 0
+    return int(count + meter.fixed_tokens(body))
+
+
+def largest_request(server: Any, path: str, dialect: str = "openai_chat") -> int:
+    """The largest request ``server`` received on ``path``, in tokens (see sent_tokens)."""
+    sizes = [sent_tokens(r.body, dialect) for r in server.requests if r.path == path]
+    assert sizes, f"no request reached {path}"
+    return max(sizes)

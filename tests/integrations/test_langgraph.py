@@ -15,6 +15,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.runnables import RunnableLambda
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
@@ -23,6 +24,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 from agentcompact import Budget, Engine, validate
 from agentcompact.dialects.openai_chat import OpenAIChatDialect
+from agentcompact.errors import ConfigError, DialectError
 from agentcompact.integrations.langgraph import (
     CompactionMiddleware,
     CompactionNode,
@@ -40,7 +42,7 @@ from agentcompact.integrations.upstream_sim import (
     serve,
 )
 from agentcompact.markers import COMPACTION_HEADER, is_marked
-from tests.integrations.conftest import Collector
+from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = pytest.mark.network
 
@@ -190,7 +192,6 @@ def build_graph(server: RunningServer, node: CompactionNode, **model_extra: Any)
         messages = state.get("llm_input_messages") or state["messages"]
         return {"messages": [await model.ainvoke(messages)]}
 
-    from langchain_core.runnables import RunnableLambda
 
     builder = StateGraph(State)
     builder.add_node("compact", node)
@@ -361,3 +362,120 @@ def test_engine_instance_and_logger_metadata(server: RunningServer, pm: Any,
     assert {(c.episode_id, c.group_id) for c in collector.calls} == {("run-7", "g7")}
     with pytest.raises(Exception, match="LangChainDialect"):
         CompactionNode(Engine(dialect="openai_chat", trigger_tokens=100))
+
+
+# ------------------------------------------------------------------ what the model receives
+
+BIG_TRIGGER = 20_000
+BIG_PROMPT = "You are a careful coder. House rules follow.\n" + filler_text(15_000)
+
+
+def looping_sim(steps: int = 19) -> UpstreamSim:
+    """A model that reads ``steps`` files (~520 tokens each), then answers."""
+    reads = [Reply.tool("read_file", {"path": f"src/x{i}.py"}) for i in range(steps)]
+    return UpstreamSim(Script(*reads, then=lambda body: "done"))
+
+
+def test_create_agent_counts_a_15k_system_prompt(pm: Any, collector: Collector) -> None:
+    """The recommended path: create_agent + CompactionMiddleware; the system prompt and
+    the tool schemas are part of what the trigger bounds."""
+    from langchain.agents import create_agent
+
+    with serve(looping_sim()) as server:
+        middleware = CompactionMiddleware(trigger_tokens=BIG_TRIGGER, plugins=pm)
+        agent = create_agent(chat_model(server), TOOLS, system_prompt=BIG_PROMPT,
+                             middleware=[middleware])
+        state = agent.invoke({"messages": [HumanMessage("Fix the bug.")]},
+                             {"recursion_limit": 100})
+        assert largest_request(server, "/v1/chat/completions") <= BIG_TRIGGER
+        assert len(sent_messages(server)) == 20
+    assert any(e.cut for e in collector.events)  # bounded by compacting, not by luck
+    assert len(state["messages"]) == 1 + 2 * 20 - 1  # the full history stays in state
+    assert middleware.last_result is not None and middleware.last_result.tokens_after > 15_000
+
+
+def test_pre_model_hook_counts_the_prompt_it_is_told(pm: Any, collector: Collector) -> None:
+    from langgraph.prebuilt import create_react_agent
+
+    with serve(looping_sim()) as server:
+        hook = pre_model_hook(trigger_tokens=BIG_TRIGGER, plugins=pm, system_prompt=BIG_PROMPT,
+                              tools=TOOLS)
+        with warnings.catch_warnings():  # create_react_agent is deprecated in langgraph 1.x
+            warnings.simplefilter("ignore")
+            agent = create_react_agent(chat_model(server), TOOLS, pre_model_hook=hook,
+                                       prompt=BIG_PROMPT)
+        agent.invoke({"messages": [HumanMessage("Fix the bug.")]}, {"recursion_limit": 100})
+        assert largest_request(server, "/v1/chat/completions") <= BIG_TRIGGER
+    assert any(e.cut for e in collector.events)
+
+
+def bypass_graph(model: Any, node: CompactionNode | None) -> Any:
+    """START -> (compact) -> agent <-> tools: the tools -> agent edge skips any node."""
+    def agent(state: dict[str, Any]) -> dict[str, Any]:
+        if node is None:
+            return {"messages": [model.invoke(state["messages"])]}
+        return {"messages": [model.invoke(state.get("llm_input_messages")
+                                          or state["messages"])]}
+
+    class State(MessagesState):
+        llm_input_messages: list[AnyMessage]
+
+    builder = StateGraph(State)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode(TOOLS))
+    if node is not None:
+        builder.add_node("compact", node)
+        builder.add_edge(START, "compact")
+        builder.add_edge("compact", "agent")
+    else:
+        builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def test_wrapped_model_cannot_be_bypassed(pm: Any, collector: Collector) -> None:
+    """node.wrap(model) compacts inside the model: a tools -> agent edge cannot skip it."""
+    with serve(looping_sim()) as server:
+        node = CompactionNode(trigger_tokens=BIG_TRIGGER, plugins=pm, system_prompt=None)
+        model = node.wrap(chat_model(server).bind_tools(TOOLS))
+        graph = bypass_graph(model, None)
+        state = graph.invoke({"messages": [SystemMessage(BIG_PROMPT), HumanMessage("Go.")]},
+                             {"recursion_limit": 100, "configurable": {"thread_id": "t"}})
+        assert largest_request(server, "/v1/chat/completions") <= BIG_TRIGGER
+        assert len(sent_messages(server)) == 20
+    assert any(e.cut for e in collector.events)
+    assert len(state["messages"]) == 2 + 2 * 20 - 1
+
+
+def test_node_detects_a_stale_llm_input(pm: Any) -> None:
+    """The node behind a START edge only: the tools -> agent edge reuses its output. On
+    the thread's next turn the node sees the model answered many times since its pass."""
+    sim = UpstreamSim(Script(*task_steps(1), then=lambda body: "done"))
+    with serve(sim) as server:
+        node = CompactionNode(trigger_tokens=BIG_TRIGGER, plugins=pm)
+        graph = bypass_graph(chat_model(server).bind_tools(TOOLS), node)
+        config = {"recursion_limit": 100, "configurable": {"thread_id": "t"}}
+        graph.invoke({"messages": [HumanMessage("Go.")]}, config)
+        stale = sent_messages(server)
+        assert len(stale) == 5 and all(len(m) == 1 for m in stale)  # what the bug looks like
+        with pytest.raises(ConfigError, match="answered 5 times since this node's last pass"):
+            graph.invoke({"messages": [HumanMessage("Again.")]}, config)
+
+
+def test_options_and_messages_are_checked() -> None:
+    with pytest.raises(ConfigError, match="recent_turns"):
+        CompactionMiddleware(trigger_tokens=1000, recent_turns=0)
+    with pytest.raises(ConfigError, match="trigger_tokens"):
+        CompactionNode(trigger_tokens="abc")
+    with pytest.raises(ConfigError, match="'nope'"):
+        CompactionMiddleware(trigger_tokens=1000, strategy="nope")
+    with pytest.raises(ConfigError, match="CompactionNode: unknown option.*triger"):
+        CompactionNode(triger_tokens=1000)
+    assert CompactionMiddleware(trigger_tokens=1000, recent_turns=1,
+                                min_recent_turns=1).engine.budget.recent_turns == 1
+    node = CompactionNode(trigger_tokens=1000)
+    with pytest.raises(DialectError, match=r"message 1 is str"):
+        node.invoke({"messages": [HumanMessage("a"), "b"]})
+    with pytest.raises(DialectError, match=r"message 0 is dict"):
+        node.wrap(RunnableLambda(lambda x: x)).invoke([{"role": "user", "content": "a"}])

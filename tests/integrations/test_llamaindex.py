@@ -14,7 +14,9 @@ from llama_index.llms.openai_like import OpenAILike
 
 from agentcompact import Budget, Engine, validate
 from agentcompact.dialects.openai_chat import OpenAIChatDialect
+from agentcompact.errors import ConfigError, DialectError
 from agentcompact.integrations.llamaindex import (
+    CompactingLLM,
     CompactingMemory,
     LlamaIndexDialect,
     ModelCallLogger,
@@ -30,7 +32,7 @@ from agentcompact.integrations.upstream_sim import (
     serve,
 )
 from agentcompact.markers import COMPACTION_HEADER, is_marked
-from tests.integrations.conftest import Collector
+from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = [
     pytest.mark.network,
@@ -192,3 +194,93 @@ def test_engine_instance_and_errors() -> None:
         with logger:
             pass
     assert logger.episode_id == "e"
+
+
+# ------------------------------------------------------------------------- bounded runs
+
+BIG_TRIGGER = 20_000
+BIG_PROMPT = "You are a coder. House rules follow.\n" + filler_text(15_000)
+STEPS = 40
+
+
+def long_run_server() -> RunningServer:
+    """A model that reads STEPS files in one run (~430 tokens each), then answers."""
+    reads = [Reply.tool("read_file", {"path": f"src/m{i}.py"}) for i in range(STEPS)]
+    return serve(UpstreamSim(Script(*reads, then=lambda body: "all read")))
+
+
+def sim_llm(server: RunningServer, http: httpx.AsyncClient) -> OpenAILike:
+    return OpenAILike(model="gpt-sim", api_base=server.base_url + "/v1", api_key="x",
+                      is_function_calling_model=True, is_chat_model=True, max_retries=0,
+                      context_window=128_000, async_http_client=http)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+async def test_a_40_step_function_agent_run_stays_under_the_trigger(
+        http: httpx.AsyncClient, pm: Any, collector: Collector, streaming: bool) -> None:
+    """memory.wrap(llm): every LLM call of the run is compacted - system prompt (15k),
+    tool schemas and the run's own tool loop included - and the memory keeps it all."""
+    memory = CompactingMemory(trigger_tokens=BIG_TRIGGER, plugins=pm)
+    with long_run_server() as server:
+        agent = FunctionAgent(tools=[read_file, search], llm=memory.wrap(sim_llm(server, http)),
+                              streaming=streaming, system_prompt=BIG_PROMPT)
+        with memory.logger:
+            output = await agent.run("Read every module.", memory=memory, max_iterations=100)
+        assert str(output).endswith("all read")
+        assert len(sent_messages(server)) == STEPS + 1
+        assert largest_request(server, "/v1/chat/completions") <= BIG_TRIGGER
+    assert sum(1 for e in collector.events if e.cut) >= 2  # compacted inside the run
+    history = memory.get_all()
+    assert len(history) == 1 + 2 * STEPS + 1  # user, 40 x (call, result), answer
+    assert not any(is_marked(m.content or "") for m in history)
+    assert len(collector.calls) == STEPS + 1 and any(c.compacted for c in collector.calls)
+
+
+async def test_memory_alone_bounds_only_what_came_before_the_run(
+        http: httpx.AsyncClient) -> None:
+    """The documented scope: CompactingMemory without the LLM wrapper cannot see the run's
+    scratchpad, so one long run is not bounded - the figure docs/llamaindex.md quotes."""
+    memory = CompactingMemory(trigger_tokens=BIG_TRIGGER)
+    with long_run_server() as server:
+        agent = FunctionAgent(tools=[read_file, search], llm=sim_llm(server, http),
+                              system_prompt=BIG_PROMPT)
+        await agent.run("Read every module.", memory=memory, max_iterations=100)
+        peak = largest_request(server, "/v1/chat/completions")
+    assert peak > 1.5 * BIG_TRIGGER
+
+
+async def test_react_agent_run_is_bounded(http: httpx.AsyncClient, pm: Any,
+                                          collector: Collector) -> None:
+    """ReActAgent (tools described in its system prompt, calls parsed from the text)."""
+    from llama_index.core.agent.workflow import ReActAgent
+
+    steps = [f"Thought: I need module {i}.\nAction: read_file\n"
+             f'Action Input: {{"path": "src/r{i}.py"}}' for i in range(25)]
+    script = Script(*steps, then=lambda body: "Thought: I can answer.\nAnswer: all read")
+    memory = CompactingMemory(trigger_tokens=6000, plugins=pm)
+    with serve(UpstreamSim(script)) as server:
+        llm = OpenAILike(model="gpt-sim", api_base=server.base_url + "/v1", api_key="x",
+                         is_chat_model=True, max_retries=0, context_window=128_000,
+                         async_http_client=http)
+        agent = ReActAgent(tools=[read_file, search], llm=memory.wrap(llm), streaming=False)
+        output = await agent.run("Read the modules.", memory=memory, max_iterations=100)
+        assert "all read" in str(output)
+        assert len(sent_messages(server)) == 26
+        assert largest_request(server, "/v1/chat/completions") <= 6000
+    assert any(e.cut for e in collector.events)
+
+
+def test_messages_and_options_are_checked() -> None:
+    memory = CompactingMemory(trigger_tokens=TRIGGER)
+    memory.put(ChatMessage(role="user", content="a"))
+    with pytest.raises(DialectError, match=r"put: message 1 is str, not a LlamaIndex"):
+        memory.put("a string")  # type: ignore[arg-type]
+    with pytest.raises(DialectError, match=r"message 2 is dict"):
+        memory.put_messages([ChatMessage(role="user", content="b"), {"role": "user"}])  # type: ignore[list-item]
+    assert len(memory.get_all()) == 1 and len(memory.get()) == 1
+    with pytest.raises(ConfigError, match="recent_turns"):
+        CompactingMemory(trigger_tokens=100, recent_turns=0)
+    with pytest.raises(ConfigError, match="'nope'"):
+        CompactingMemory(trigger_tokens=100, strategy="nope")
+    with pytest.raises(ConfigError, match="CompactingLLM: llm must be a LlamaIndex LLM"):
+        CompactingLLM("gpt-4", trigger_tokens=100)
