@@ -20,6 +20,7 @@ from ..markers import elision, is_marked
 __all__ = ["Dialect", "Part", "digest_of", "head_tail", "head_tail_spans"]
 
 _VOLATILE_KEYS = frozenset({"cache_control"})
+_INSTRUCTION_ROLES = frozenset({"system", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +129,42 @@ class Dialect:
         parts = self.parts(message)
         return ("\n".join(p.text for p in parts if p.text),
                 sum(1 for p in parts if p.kind == "image"))
+
+    # --- what the engine must keep as it is ------------------------------------------
+    def is_instruction(self, message: Any) -> bool:
+        """True for an instruction to the model (``system`` / ``developer`` role), wherever
+        it stands in the history.
+
+        Contract (kept by the engine for every strategy): an instruction is kept like a
+        pinned message. It is never dropped, never truncated and never flattened into
+        compaction text; it is emitted verbatim, as its own message, in its original
+        order relative to the other kept messages (an instruction from the compacted span
+        stands between the head and the compaction message), and it counts with its real
+        tokens. Instructions are system/developer directions, never history to drop.
+        Dialects override this for roles or items they know to be instructions.
+        """
+        try:
+            return self.role(message) in _INSTRUCTION_ROLES
+        except Exception:  # a malformed message is not an instruction; validation says why
+            return False
+
+    def is_opaque(self, message: Any) -> bool:
+        """True for an item, role or block type this dialect does not model (default:
+        none).
+
+        Contract: the engine treats an opaque message like an instruction (see
+        :meth:`is_instruction`): kept verbatim in its original relative order, counted by
+        its real tokens, never dropped, truncated or rendered into compaction text. A
+        dialect returns ``True`` for what it cannot read (an unknown Responses item such as
+        ``additional_tools``, an unknown content block type), so compaction never loses
+        what it does not understand.
+        """
+        return False
+
+    def is_kept(self, message: Any) -> bool:
+        """``is_instruction(message) or is_opaque(message)``: a message the engine keeps
+        verbatim whatever the strategy does."""
+        return self.is_instruction(message) or self.is_opaque(message)
 
     def is_synthetic(self, message: Any) -> bool:
         """True when the message is a compaction or summary message agentcompact wrote."""
