@@ -18,6 +18,7 @@ import orjson
 
 from agentcompact import new_plugin_manager
 from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
+from agentcompact.integrations.proxy.wire import dialect_for
 from agentcompact.integrations.upstream_sim import Script, UpstreamSim, serve
 from agentcompact.integrations.upstream_sim.app import RecordedRequest
 from agentcompact.integrations.upstream_sim.clis import (
@@ -27,7 +28,6 @@ from agentcompact.integrations.upstream_sim.clis import (
     codex_command,
     write_step_files,
 )
-from agentcompact.integrations.proxy.wire import dialect_for
 
 PROMPT = "Read the step files one by one, then say you are done."
 
