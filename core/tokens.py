@@ -214,7 +214,7 @@ class MessageMeter:
         the counter does not declare ``at_most_utf8_bytes``."""
         if not getattr(self.counter, "at_most_utf8_bytes", False):
             return None
-        count_of = getattr(self.dialect, "counted_text", None) or self._counted_text
+        count_of = self._count_of()
         by_id = self._by_id
         total = 0
         for message in messages:
@@ -235,7 +235,7 @@ class MessageMeter:
         self, messages: Sequence[Any], missing: list[int], digests: list[str], tokens: list[int],
         counted: Sequence[tuple[str, int]] | None = None,
     ) -> None:
-        count_of = getattr(self.dialect, "counted_text", None) or self._counted_text
+        count_of = self._count_of()
         texts: list[str] = []
         images: list[int] = []
         for i in missing:
@@ -250,6 +250,29 @@ class MessageMeter:
             self._remember(messages[i], digests[i], total)
         while len(self._by_digest) > self._max:
             self._by_digest.popitem(last=False)
+
+    def _count_of(self) -> Any:
+        """What a message is counted from: the dialect's ``counted_text``, except for a
+        message the dialect does not model (``is_opaque``: counted from its JSON, its real
+        size, not a placeholder) or cannot read (a lone surrogate, JSON nested deeper
+        than orjson takes: counted from its JSON as :func:`safe_json` writes it)."""
+        from .dialects.base import json_text
+
+        counted = getattr(self.dialect, "counted_text", None) or self._counted_text
+        opaque = getattr(self.dialect, "is_opaque", None)
+
+        def count_of(message: Any) -> tuple[str, int]:
+            try:
+                if opaque is not None and opaque(message):
+                    return json_text(message), 0
+                result: tuple[str, int] = counted(message)
+                return result
+            except Exception:
+                try:
+                    return json_text(message), 0
+                except TypeError:
+                    return repr(type(message)), 0
+        return count_of
 
     def _counted_text(self, message: Any) -> tuple[str, int]:
         """``Dialect.counted_text`` for a dialect object that does not derive from it."""

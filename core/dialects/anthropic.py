@@ -229,3 +229,6 @@ class AnthropicDialect(Dialect):
                 )
             return
 
+    # --- the thinking-loop rule (kept by the engine, see Dialect.thinking_loops) -----
+    def thinking_loops(self) -> bool:
+        return True
