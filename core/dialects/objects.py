@@ -10,6 +10,8 @@ from ..errors import DialectError
 
 __all__ = ["check_objects", "not_an_object"]
 
+_DICT = frozenset({dict})
+
 
 def not_an_object(dialect: str, message: Any, index: int | None = None) -> DialectError:
     """The error for a message that is not a JSON object (its type named, never its value)."""
@@ -19,6 +21,8 @@ def not_an_object(dialect: str, message: Any, index: int | None = None) -> Diale
 
 def check_objects(dialect: str, messages: Sequence[Any]) -> None:
     """Raise ``DialectError`` naming the first element of ``messages`` that is not a dict."""
+    if set(map(type, messages)) <= _DICT:  # C speed: a proxy's requests hold 10k messages
+        return
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise not_an_object(dialect, message, i)

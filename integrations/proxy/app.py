@@ -194,6 +194,7 @@ class CompactionProxy:
             recording=c.record is not None,
             store_entries=len(self.store) if isinstance(self.store, Sized) else None,
             parse_reuse={"bodies": len(self.bodies), "hits": self.bodies.hits,
+                         "partial_hits": self.bodies.partial_hits,
                          "misses": self.bodies.misses},
         ))
 

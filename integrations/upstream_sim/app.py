@@ -81,17 +81,21 @@ class UpstreamSim:
     :param latency: provider timings; by default instant.
     :param context_window: if set, prompts estimated above it get the provider's
         context-length error, as a real model with that window would answer.
+    :param max_recorded: keep only this many of the latest requests (``None``: all; a
+        benchmark sending megabyte bodies for minutes keeps few).
     """
 
     def __init__(self, script: Script | None = None, *, latency: LatencyModel | None = None,
-                 context_window: int | None = None) -> None:
+                 context_window: int | None = None, max_recorded: int | None = None) -> None:
         self.script = script if script is not None else Script()
+        self.max_recorded = max_recorded
         self.latency = latency if latency is not None else LatencyModel()
         self.context_window = context_window
         #: Set by the runner on shutdown so hanging requests give up at once.
         self.closing = threading.Event()
         self._slots = Slots()
         self._requests: list[RecordedRequest] = []
+        self._seen = 0  # requests received (the ordinal of ids), recorded or not
         self._lock = threading.Lock()
         self.app = Starlette(routes=self._routes(),
                              exception_handlers={ClientDisconnect: _client_left})
@@ -107,6 +111,7 @@ class UpstreamSim:
         """Forget the recorded requests."""
         with self._lock:
             self._requests.clear()
+            self._seen = 0
 
     def _routes(self) -> list[Route]:
         return [
@@ -154,7 +159,10 @@ class UpstreamSim:
                                dict(request.headers), body, time.time())
         with self._lock:
             self._requests.append(seen)
-            return len(self._requests), body
+            self._seen += 1
+            if self.max_recorded is not None and len(self._requests) > self.max_recorded:
+                del self._requests[:len(self._requests) - self.max_recorded]
+            return self._seen, body
 
     async def _answer(self, request: Request, wire: Wire) -> Response:
         ordinal, body = await self._record(request)
