@@ -43,9 +43,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     a("--strategy-option", action="append", metavar="KEY=VALUE", dest="strategy_option",
       help="strategy factory setting (VALUE parsed as JSON when it parses); repeatable")
     a("--trigger", type=int, metavar="TOKENS",
-      help="compact when a request's messages exceed this many tokens (default 100000)")
+      help="compact when a request (messages, system prompt and tools) exceeds this many "
+           "tokens (default 100000)")
     a("--target", type=int, metavar="TOKENS",
-      help="size to compact down to (default half the trigger)")
+      help="size to compact down to (default: the request's fixed part - system prompt, "
+           "tools, instruction items - plus a quarter of what the trigger leaves besides it)")
     a("--counter", help="token counter: tiktoken (default), tiktoken:ENC, hf:PATH, chars")
     a("--anthropic-upstream", metavar="URL", help="default https://api.anthropic.com")
     a("--openai-upstream", metavar="URL", help="default https://api.openai.com")
