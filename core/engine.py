@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import inspect
 import itertools
 import logging
@@ -137,7 +138,8 @@ class _Plan:
     span_start: int
     cut: int
     kept: tuple[int, ...]
-    pinned: tuple[int, ...]
+    pinned: tuple[int, ...]  # pinned messages of the span (their text must be in the message)
+    pins: tuple[int, ...]  # every pinned message of [head_len, c): never truncated
     recent_turns: int
     target: int
     budget_tokens: int
@@ -182,7 +184,14 @@ def describe_error(exc: BaseException) -> str:
     exception's message may quote the history: it is left out."""
     if isinstance(exc, AgentCompactError):
         return f"{type(exc).__name__}: {exc}"
-    return f"{type(exc).__name__} (message withheld: it may quote the history)"
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:  # where it was raised: a function and a line, never a value
+        code = tb.tb_frame.f_code
+        where = f" in {code.co_name} ({code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})"
+    return f"{type(exc).__name__}{where} (message withheld: it may quote the history)"
 
 
 def _rendered_or_error(rendered: Any) -> tuple[Rendered | None, str | None]:
@@ -199,7 +208,8 @@ def _thinking_safe(cuts: list[int], msgs: Sequence[Any], c: int, dialect: Dialec
     start = loop_start(msgs, dialect, c)
     if start is None or not starts_with_thinking(msgs[start], dialect):
         return cuts
-    return [s for s in cuts if s == c or s <= start or starts_with_thinking(msgs[s], dialect)]
+    # not even at ``c`` itself: the loop's next steps would follow the compaction message
+    return [s for s in cuts if s <= start or (s < c and starts_with_thinking(msgs[s], dialect))]
 
 
 def _stable_repr(value: Any, depth: int = 0) -> str:
@@ -671,7 +681,7 @@ class Engine:
         budget = self.budget
         if dialect.thinking_loops():
             cuts = _thinking_safe(cuts, msgs, c, dialect)
-        kept_turns = {s: sum(1 for t in turn_starts if t >= s) for s in cuts}
+        kept_turns = {s: len(turn_starts) - bisect.bisect_left(turn_starts, s) for s in cuts}
         options = [s for s in cuts if kept_turns[s] >= budget.min_recent_turns]
         if not options:
             return None  # nothing new to compact without breaking min_recent_turns
@@ -681,12 +691,16 @@ class Engine:
         # the span's kept messages stay for every cut: only their set is cut-dependent
         first = next((k for k, s in enumerate(options) if kept_turns[s] <= budget.recent_turns),
                      len(options) - 1)
-        pins = self._pins(view, head_len, options[-1])
+        pins = self._pins(view, head_len, c)
+        # kept messages before the previous cut are the previous entry's; scan the rest once
+        known = tuple(i for i in state.entry.kept if i >= head_len) if state.entry else ()
+        scan_from = prev_cut if state.entry else head_len
+        candidates = known + tuple(i for i in range(scan_from, options[-1])
+                                   if self._kept_type(msgs[i]))
         k = first
         while True:
             cut = options[k]
-            kept = tuple(i for i in range(head_len, cut)
-                         if is_kept(msgs[i]) or dialect.is_synthetic(msgs[i]))
+            kept = tuple(i for i in candidates if i < cut)
             kept_tokens = sum(view.tokens[i] for i in kept)
             target = budget.target_for(head_fixed + kept_tokens)
             tail = view.prefix[c] - view.prefix[cut]
@@ -699,11 +713,12 @@ class Engine:
             k += 1
         overrides: dict[int, tuple[str, Any, int]] = {}
         if room < self._min_budget:  # make room: truncate the largest kept tool outputs
-            overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True)
+            overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True,
+                                          pins=pins)
             room += sum(view.tokens[i] - t for i, (_, _, t) in overrides.items())
         return _Plan(
             c=c, head_len=head_len, span_start=prev_cut, cut=cut, kept=kept,
-            pinned=tuple(i for i in pins if i < cut and i not in kept),
+            pinned=tuple(i for i in pins if i < cut and i not in kept), pins=pins,
             recent_turns=kept_turns[cut], target=target, budget_tokens=max(0, room),
             overrides=tuple(sorted(overrides.items())), reason=reason, level=level,
             before=state.tokens_at(view, c),
@@ -747,9 +762,11 @@ class Engine:
         its budget (pinned text aside)."""
         message = rendered.message
         dialect = self.dialect
-        try:
-            tokens = self.meter.count(message) if message is not None else 0
-            text = dialect.text_of(message) if message is not None else ""
+        trusted = rung == "safe" or isinstance(self._strategy_for(rung), CliffStrategy)
+        try:  # the engine counts a third-party strategy's message itself
+            tokens = 0 if message is None else (
+                rendered.tokens if trusted else self.meter.count(message))
+            text = dialect.text_of(message) if message is not None and plan.pinned else ""
         except Exception as exc:
             return _Checked(None, rung, rendered,
                             f"the compaction message cannot be read: {describe_error(exc)}")
@@ -794,6 +811,7 @@ class Engine:
         return self.dialect.is_kept(message) or self.dialect.is_synthetic(message)
 
     def _shrink_tail(self, view: _View, cut: int, c: int, excess: int, *, tool_only: bool,
+                     pins: Sequence[int] = (),
                      overrides: dict[int, tuple[str, Any, int]] | None = None
                      ) -> dict[int, tuple[str, Any, int]]:
         """Head+tail truncate the largest kept messages of ``[cut, c)`` until ``excess``
@@ -810,7 +828,8 @@ class Engine:
                     current = size[i]
                     if excess <= 0 or current <= _TRUNCATE_FLOOR // 2:
                         break
-                    if view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i]):
+                    if (view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i])
+                            or i in pins):
                         continue
                     if tool_only and self.dialect.role(msgs[i]) != "tool":
                         continue
@@ -835,7 +854,7 @@ class Engine:
         if excess <= 0:
             return entry
         overrides = self._shrink_tail(view, entry.cut, plan.c, excess, tool_only=False,
-                                      overrides=entry.overrides)
+                                      pins=plan.pins, overrides=entry.overrides)
         return replace(entry, overrides=overrides)
 
     def _shrink(self, message: Any, tokens: int, keep_tokens: int) -> tuple[Any, int]:

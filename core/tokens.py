@@ -194,7 +194,10 @@ class MessageMeter:
                 digests.append(hit[1])
                 tokens.append(hit[2])
                 continue
-            digest = self.dialect.digest(message)
+            try:
+                digest = self.dialect.digest(message)
+            except Exception:  # one message a dialect cannot digest never stops a session
+                digest = _fallback_digest(message)
             digests.append(digest)
             count = self._by_digest.get(digest)
             if count is None:
@@ -288,3 +291,17 @@ class MessageMeter:
     def count_text_message(self, text: str) -> int:
         """Tokens of a text message (no caching: used for compaction messages)."""
         return self.counter.count_texts([text])[0] + MESSAGE_OVERHEAD
+
+
+def _fallback_digest(message: Any) -> str:
+    """A digest of a message its dialect cannot digest (a lone surrogate or deep nesting
+    its serializer refuses): from its JSON (:func:`safe_json`) or, for an object, its repr."""
+    import xxhash
+
+    from .dialects.base import safe_json
+
+    try:
+        text = "json:" + safe_json(message, sort_keys=True, volatile=False)
+    except TypeError:
+        text = "repr:" + repr(message)
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
