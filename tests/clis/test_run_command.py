@@ -109,3 +109,18 @@ def test_run_reports_a_command_that_cannot_start(tmp_path: Path) -> None:
                           env=_env({"HOME": str(tmp_path)}), capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 127 and "cannot run" in done.stderr
+
+
+def test_only_codex_gets_the_provider_overrides() -> None:
+    from agentcompact.integrations.proxy.launch import child_command
+
+    url = "http://127.0.0.1:5000"
+    assert child_command(["claude", "-p", "x"], url) == ["claude", "-p", "x"]
+    codex = child_command(["/opt/bin/codex", "exec", "task"], url, "MY_KEY")
+    assert codex[0] == "/opt/bin/codex" and codex[-2:] == ["exec", "task"]
+    flags = dict(f.split("=", 1) for f in codex[2:-2:2])
+    assert flags["model_provider"] == '"agentcompact"'
+    assert flags["model_providers.agentcompact.base_url"] == f'"{url}/v1"'
+    assert flags["model_providers.agentcompact.wire_api"] == '"responses"'
+    assert flags["model_providers.agentcompact.env_key"] == '"MY_KEY"'
+    assert codex[1:-2:2] == ["-c"] * 5
