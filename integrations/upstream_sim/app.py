@@ -121,6 +121,10 @@ class UpstreamSim:
             Route("/v1/responses", self._responses, methods=["POST"]),
             Route("/v1/responses/compact", self._compact, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            # anything else is recorded (a client's unexpected call shows in ``requests``)
+            # and answered 404 in the Anthropic/OpenAI error shape
+            Route("/{path:path}", self._unknown,
+                  methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
         ]
 
     async def _messages(self, request: Request) -> Response:
@@ -148,6 +152,12 @@ class UpstreamSim:
         page = {"object": "list", "data": [model], "has_more": False,
                 "first_id": "sim-model", "last_id": "sim-model"}
         return JSONResponse(page, headers=_ids(ordinal))
+
+    async def _unknown(self, request: Request) -> Response:
+        ordinal, _ = await self._record(request)
+        error = {"type": "error", "error": {"type": "not_found_error",
+                                            "message": f"no route {request.url.path}"}}
+        return JSONResponse(error, 404, headers=_ids(ordinal))
 
     async def _record(self, request: Request) -> tuple[int, Any]:
         raw = await request.body()

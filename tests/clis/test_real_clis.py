@@ -70,6 +70,15 @@ def test_every_step_completed(session: CliRun) -> None:
     assert session.loop.finals >= 1
 
 
+KNOWN_ROUTES = ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
+                "/v1/responses/compact", "/v1/models")
+
+
+def test_every_call_the_cli_made_is_one_the_simulator_serves(session: CliRun) -> None:
+    assert session.requests
+    assert [r.path for r in session.requests if r.path not in KNOWN_ROUTES] == []
+
+
 def test_every_upstream_request_is_valid(session: CliRun) -> None:
     dialect = _dialect(session)
     assert session.dialect_requests
