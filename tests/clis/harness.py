@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -47,6 +49,8 @@ class CliRun:
     status: dict[str, Any]
     dumps: list[dict[str, Any]] = field(default_factory=list)
     debug_dir: Path | None = None
+    #: ``agentcompact watch --once`` against the proxy after the session
+    watch: str = ""
 
     @property
     def dialect_requests(self) -> list[RecordedRequest]:
@@ -93,12 +97,16 @@ def run_cli(cli: str, executable: str, tmp: Path, *, steps: int, trigger: int,
             done = subprocess.run(command.argv, env=command.env, cwd=work, capture_output=True,
                                   text=True, timeout=timeout, check=False)
             status = httpx.get(f"{proxy.base_url}/agentcompact/status", timeout=10).json()
+            watch = subprocess.run([sys.executable, "-m", "agentcompact.cli", "watch", "--once",
+                                    "--url", proxy.base_url], capture_output=True, text=True,
+                                   env={**os.environ, "COLUMNS": "200"}, timeout=60,
+                                   check=False)
         requests = upstream.requests
     text = logs.getvalue()
     lines = [orjson.loads(x) for x in text.splitlines() if x.startswith("{")]
     dumps = [orjson.loads(p.read_bytes()) for p in sorted(debug.glob("*-in.json"))]
     return CliRun(cli, done.returncode, done.stdout, done.stderr, loop, requests, lines, text,
-                  status, dumps, debug)
+                  status, dumps, debug, watch.stdout)
 
 
 def _command(cli: str, executable: str, base_url: str, home: Path, model: str | None

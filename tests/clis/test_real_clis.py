@@ -112,6 +112,23 @@ def test_compactions_reported_in_log_lines_and_status(session: CliRun) -> None:
     assert all(line["error"] is None and line["status"] == 200 for line in lines)
 
 
+def test_the_newest_message_goes_upstream_whole(session: CliRun) -> None:
+    """The tool result the model has not seen yet is never cut (issue 13: Claude Code's
+    19,795-byte result went out as 2,042 bytes)."""
+    dialect = _dialect(session)
+    for client, sent in zip(session.dumps, session.dialect_requests, strict=True):
+        ours = dialect.messages_of(redact_json(sent.body))
+        theirs = dialect.messages_of(client["body"])
+        assert ours[-1] == theirs[-1]
+
+
+def test_watch_shows_the_session_and_its_compactions(session: CliRun) -> None:
+    (key, figures), *_ = session.status["sessions"].items()
+    assert key in session.watch
+    assert f"{session.status['compactions']} compactions" in session.watch
+    assert f"{figures['tokens_in']:,}" in session.watch
+
+
 def _digests(dialect: Dialect, body: dict[str, Any]) -> list[str]:
     return [digest_of(m) for m in dialect.messages_of(body)]
 
