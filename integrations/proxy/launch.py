@@ -24,7 +24,7 @@ from typing import Any
 
 from agentcompact.errors import AgentCompactError
 
-from .cli import _add_arguments, build_config
+from .cli import _add_arguments, build_config, warn_small_trigger
 
 __all__ = ["add_parser", "child_command", "child_env", "run"]
 
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     _setup_logging(getattr(args, "log_level", "INFO"), args.log_file)
     try:
         server = _start(args)
+        warn_small_trigger(server.proxy.config.trigger)
     except AgentCompactError as exc:
         print(f"agentcompact run: {exc}", file=sys.stderr)
         return 2

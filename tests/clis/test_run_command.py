@@ -124,3 +124,17 @@ def test_only_codex_gets_the_provider_overrides() -> None:
     assert flags["model_providers.agentcompact.wire_api"] == '"responses"'
     assert flags["model_providers.agentcompact.env_key"] == '"MY_KEY"'
     assert codex[1:-2:2] == ["-c"] * 5
+
+
+def test_run_warns_about_a_trigger_the_harness_prompt_fills(tmp_path: Path) -> None:
+    done = subprocess.run(_agentcompact("run", "--trigger", "15000", "--", sys.executable, "-c",
+                                        "pass"),
+                          env=_env({"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0
+    assert "trigger 15000 tokens" in done.stderr and "below 26000" in done.stderr
+    quiet = subprocess.run(_agentcompact("run", "--trigger", "150000", "--", sys.executable,
+                                         "-c", "pass"),
+                           env=_env({"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}),
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert "trigger" not in quiet.stderr
