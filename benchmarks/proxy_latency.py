@@ -99,7 +99,7 @@ def timed_first_byte(client: httpx.Client, content: bytes) -> float:
 def app_for(role: str, upstream: str, trigger: int) -> Any:
     """The ASGI app of one server role: the upstream simulator or either proxy."""
     if role == "sim":
-        return UpstreamSim().app
+        return UpstreamSim(max_recorded=0).app  # bodies of megabytes: keep none
     if role == "relay":
         return bare_relay(upstream)
     if role == "ours":

@@ -1,4 +1,5 @@
-"""The ``agentcompact`` command: ``demo``, ``plugins``, ``replay``, ``export``, ``proxy``.
+"""The ``agentcompact`` command: ``demo``, ``plugins``, ``replay``, ``export``, ``proxy``,
+``run`` (a command behind a proxy), ``watch`` (a live view of a proxy).
 
 Subcommands that need an extra are listed always; running one without its extra says
 which extra to install.
@@ -19,6 +20,8 @@ _EXTERNAL = {
     "replay": ("agentcompact.replay.cli", None),
     "export": ("agentcompact.trajectory.export_cli", "export"),
     "proxy": ("agentcompact.integrations.proxy.cli", "proxy"),
+    "run": ("agentcompact.integrations.proxy.launch", "proxy"),
+    "watch": ("agentcompact.integrations.proxy.watch", "proxy"),
 }
 
 

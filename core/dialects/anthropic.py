@@ -1,8 +1,10 @@
 """Anthropic Messages: ``{"role": "user"|"assistant", "content": str | [blocks]}``.
 
 Blocks: ``text``, ``image``, ``document``, ``tool_use``, ``tool_result`` (content a string
-or blocks), ``thinking`` (signed), ``redacted_thinking``, server tool blocks. Some clients
-put ``{"role": "system"}`` messages in the array; they are accepted in the head only.
+or blocks), ``thinking`` (signed), ``redacted_thinking``, server tool blocks. Claude Code
+puts ``{"role": "system"}`` messages in the array, mid-conversation too: they are valid
+input and instructions (kept verbatim wherever they stand). A message holding a block type
+this dialect does not model is opaque: kept whole, counted by the JSON of those blocks.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import orjson
 
 from ..errors import ValidationError
 from .base import Dialect, Part, head_tail
+from .objects import check_objects, not_an_object
 
 __all__ = ["AnthropicDialect"]
 
 _OPAQUE = frozenset({"redacted_thinking"})
+#: block types this dialect reads; any other makes its message opaque (kept verbatim)
+_KNOWN_BLOCKS = frozenset({"text", "image", "document", "tool_use", "server_tool_use",
+                           "tool_result", "thinking", "redacted_thinking"})
 
 
 def _json(value: Any) -> str:
@@ -42,7 +48,7 @@ def _result_text(content: Any) -> tuple[str, bool]:
 
 def _block_part(block: Any) -> Part:
     if not isinstance(block, dict):
-        return Part("other")
+        return Part("other", _json(block))
     kind = block.get("type")
     if kind == "text":
         return Part("text", str(block.get("text", "")))
@@ -58,7 +64,8 @@ def _block_part(block: Any) -> Part:
         return Part("tool_result", text, ref=str(block.get("tool_use_id", "")))
     if kind in ("image", "document"):
         return Part("image")
-    return Part("other")
+    # not modelled: its JSON is what it counts (its message is kept verbatim)
+    return Part("other", _json(block))
 
 
 def _truncate_block(block: Any, max_chars: int) -> Any:
@@ -87,6 +94,8 @@ class AnthropicDialect(Dialect):
     name: ClassVar[str] = "anthropic"
 
     def role(self, message: Any) -> str:
+        if not isinstance(message, dict):
+            raise not_an_object(self.name, message)
         role = message.get("role", "")
         if role == "user" and self._only_results(message):
             return "tool"
@@ -124,6 +133,25 @@ class AnthropicDialect(Dialect):
             if isinstance(b, dict) and b.get("type") == "tool_result"
         )
 
+    def is_instruction(self, message: Any) -> bool:
+        return isinstance(message, dict) and message.get("role") == "system"
+
+    def is_opaque(self, message: Any) -> bool:
+        """A message with a content block type this dialect does not model (or a block
+        that is not an object): the engine keeps it verbatim."""
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            return False
+        for block in content:
+            if not isinstance(block, dict) or block.get("type") not in _KNOWN_BLOCKS:
+                return True
+        return False
+
+    def messages_of(self, body: dict[str, Any]) -> list[Any]:
+        messages = super().messages_of(body)
+        check_objects(self.name, messages)
+        return messages
+
     def parts(self, message: Any) -> list[Part]:
         content = message.get("content", "")
         if isinstance(content, str):
@@ -142,9 +170,7 @@ class AnthropicDialect(Dialect):
         texts: list[str] = []
         images = 0
         for block in content:
-            if not isinstance(block, dict):
-                continue
-            kind = block.get("type")
+            kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
                 text = str(block.get("text", ""))
             elif kind == "tool_result":
@@ -156,8 +182,10 @@ class AnthropicDialect(Dialect):
             elif kind in ("image", "document"):
                 images += 1
                 continue
-            else:
+            elif kind in _OPAQUE:
                 continue
+            else:  # not modelled: counted by its JSON (what the provider tokenizes)
+                text = _json(block)
             if text:
                 texts.append(text)
         return "\n".join(texts), images
@@ -188,21 +216,18 @@ class AnthropicDialect(Dialect):
             )
 
     def check_order(self, messages: Sequence[Any]) -> None:
-        seen_other = False
+        # ``system`` messages may stand anywhere (Claude Code sends them mid-conversation);
+        # the first other message must be the user's
         for i, message in enumerate(messages):
             role = message.get("role")
             if role == "system":
-                if seen_other:
-                    raise ValidationError(
-                        f"anthropic: system message at {i} after the conversation started", i
-                    )
                 continue
-            if not seen_other and role != "user":
+            if role != "user":
                 raise ValidationError(
                     f"anthropic: the first message must be a user message, got {role!r} at {i}",
                     i,
                 )
-            seen_other = True
+            return
 
     # --- the thinking-loop rule (kept by the engine, see Dialect.thinking_loops) -----
     def thinking_loops(self) -> bool:

@@ -2,7 +2,9 @@
 
 Content is a string, ``None`` (assistant with tool calls) or a list of parts (``text``,
 ``image_url``, ``input_audio``, ``file``, ``refusal``). ``reasoning_content`` (DeepSeek,
-vLLM) is read as thinking.
+vLLM) is read as thinking. ``system`` and ``developer`` messages are instructions; a
+message with a content part type not listed here is opaque (kept verbatim, counted by the
+part's JSON).
 """
 
 from __future__ import annotations
@@ -10,12 +12,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import orjson
+
 from ..errors import ValidationError
 from .base import Dialect, Part, head_tail
+from .objects import check_objects, not_an_object
 
 __all__ = ["OpenAIChatDialect"]
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_KNOWN_PARTS = frozenset({"text", "refusal", "image_url", "input_image", "file", "input_audio"})
 
 
 def _content_parts(content: Any) -> list[Part]:
@@ -32,9 +38,14 @@ def _content_parts(content: Any) -> list[Part]:
             parts.append(Part("text", str(item.get("refusal", ""))))
         elif kind in ("image_url", "input_image", "file", "input_audio"):
             parts.append(Part("image"))
-        else:
-            parts.append(Part("other"))
+        else:  # not modelled: its JSON is what it counts (its message is kept verbatim)
+            parts.append(Part("other", orjson.dumps(item).decode()))
     return parts
+
+
+def _has_unknown_part(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        not isinstance(item, dict) or item.get("type") not in _KNOWN_PARTS for item in content)
 
 
 def _truncate_content(content: Any, max_chars: int) -> Any:
@@ -44,7 +55,10 @@ def _truncate_content(content: Any, max_chars: int) -> Any:
         return content
     out = []
     for item in content:
-        text = item.get("text") if isinstance(item, dict) else None
+        if not isinstance(item, dict):
+            out.append(item)
+            continue
+        text = item.get("text")
         if item.get("type") == "text" and isinstance(text, str) and len(text) > max_chars:
             item = {**item, "text": head_tail(text, max_chars)}
         out.append(item)
@@ -57,8 +71,19 @@ class OpenAIChatDialect(Dialect):
     name: ClassVar[str] = "openai_chat"
 
     def role(self, message: Any) -> str:
+        if not isinstance(message, dict):
+            raise not_an_object(self.name, message)
         role = str(message.get("role", ""))
         return "tool" if role == "function" else role
+
+    def is_opaque(self, message: Any) -> bool:
+        """A message with a content part type this dialect does not model."""
+        return isinstance(message, dict) and _has_unknown_part(message.get("content"))
+
+    def messages_of(self, body: dict[str, Any]) -> list[Any]:
+        messages = super().messages_of(body)
+        check_objects(self.name, messages)
+        return messages
 
     def tool_call_ids(self, message: Any) -> tuple[str, ...]:
         calls = message.get("tool_calls")

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import orjson
+
 from .base import Dialect, Part, head_tail
+from .objects import check_objects, not_an_object
 
 __all__ = ["OpenAIResponsesDialect"]
 
@@ -23,9 +26,16 @@ _OUTPUTS = {"function_call_output", "custom_tool_call_output", "local_shell_call
 _MODEL_ITEMS = _CALLS | {"reasoning", "web_search_call", "file_search_call", "computer_call",
                          "image_generation_call", "code_interpreter_call", "mcp_list_tools",
                          "mcp_approval_request"}
+_KNOWN = _CALLS | _OUTPUTS | _MODEL_ITEMS | {"message", "compaction", "item_reference",
+                                             "mcp_approval_response"}
+_ROLES = frozenset({"system", "developer", "user", "assistant"})
+_KNOWN_CONTENT = frozenset({"input_text", "output_text", "text", "refusal", "input_image",
+                            "input_file", "input_audio"})
 
 
 def _item_type(item: Any) -> str:
+    if not isinstance(item, dict):
+        raise not_an_object("openai_responses", item)
     kind = item.get("type")
     if kind is None and "role" in item:
         return "message"
@@ -44,9 +54,15 @@ def _message_parts(content: Any) -> list[Part]:
             parts.append(Part("text", str(c.get("refusal", ""))))
         elif kind in ("input_image", "input_file", "input_audio"):
             parts.append(Part("image"))
-        else:
-            parts.append(Part("other"))
+        else:  # not modelled: its JSON is what it counts (its item is kept verbatim)
+            parts.append(Part("other", orjson.dumps(c).decode()))
     return parts
+
+
+def _has_unknown_content(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        not isinstance(c, dict) or c.get("type") not in _KNOWN_CONTENT for c in content)
 
 
 def _output_text(output: Any) -> str:
@@ -73,7 +89,20 @@ class OpenAIResponsesDialect(Dialect):
             return "tool"
         if kind in _MODEL_ITEMS or kind == "compaction":
             return "assistant"
-        return "user" if kind == "item_reference" else "assistant"
+        if kind in ("item_reference", "mcp_approval_response"):
+            return "user"
+        role = message.get("role")  # an item not modelled here, e.g. ``additional_tools``
+        return role if role in _ROLES else "assistant"
+
+    def is_opaque(self, message: Any) -> bool:
+        """An item type this dialect does not model (``additional_tools``…), or a message
+        with a content part type it does not model."""
+        if not isinstance(message, dict):
+            return False
+        kind = _item_type(message)
+        return kind not in _KNOWN or (kind == "message" and _has_unknown_content(message))
+
+
 
     def is_model_output(self, message: Any) -> bool:
         return self.role(message) == "assistant"
@@ -104,13 +133,18 @@ class OpenAIResponsesDialect(Dialect):
         if kind in _OUTPUTS:
             return [Part("tool_result", _output_text(message.get("output")),
                          ref=str(message.get("call_id", "")))]
-        return [Part("other", opaque=kind == "compaction")]
+        if kind in _KNOWN:  # compaction (encrypted), item_reference…
+            return [Part("other", opaque=kind == "compaction")]
+        # not modelled (``additional_tools``…): its JSON is what it counts; kept verbatim
+        return [Part("other", orjson.dumps(message).decode())]
 
     def messages_of(self, body: dict[str, Any]) -> list[Any]:
         value = body.get("input")
         if isinstance(value, str):
             return [{"role": "user", "content": value}]
-        return super().messages_of(body)
+        messages = super().messages_of(body)
+        check_objects(self.name, messages)
+        return messages
 
     def text_message(self, text: str, role: str = "user") -> Any:
         kind = "output_text" if role == "assistant" else "input_text"

@@ -195,6 +195,7 @@ class CompactionProxy:
             store_entries=len(self.store) if isinstance(self.store, Sized) else None,
             store=_store_status(self.store),
             parse_reuse={"bodies": len(self.bodies), "hits": self.bodies.hits,
+                         "partial_hits": self.bodies.partial_hits,
                          "misses": self.bodies.misses},
         ))
 
@@ -202,6 +203,9 @@ class CompactionProxy:
         t0 = time.perf_counter()
         self.stats.count_request()
         path = request.scope["path"]
+        if request.method == "OPTIONS" and path in ("*", ""):
+            # ``OPTIONS *`` asks the server itself (RFC 9110 §9.3.7): no upstream URL has it
+            return BufferedResponse(204, [(b"allow", ", ".join(_METHODS).encode())], b"")
         raw = await request.body()
         dialect = dialect_for(path) if request.method == "POST" else None
         if dialect is None:
@@ -244,9 +248,12 @@ class CompactionProxy:
                 # more to parse, or a compaction likely: off the event loop
                 await anyio.to_thread.run_sync(self._prepare_sync, plan, headers, None)
         except Exception as exc:  # fail-open: the original bytes go upstream
-            log.exception("compaction failed; forwarding the original request")
+            # no traceback: a chained exception could carry the history it was raised over
+            log.warning("compaction failed (%s); forwarding the original request (session %s)",
+                        type(exc).__name__, plan.ex.session)
             plan.out, plan.result, plan.sent_messages = raw, None, plan.messages
             plan.ex.error = f"{type(exc).__name__}: {exc}"
+            plan.ex.fail_open = True
         if self.dumper is not None and plan.body is not None:
             self._dump(plan, headers)
         return plan
@@ -345,16 +352,49 @@ class CompactionProxy:
         ex.tokens_in, ex.tokens_out = result.tokens_original, result.tokens_after
         ex.compacted, ex.modified = result.compacted, result.modified
         ex.strategy = plan.engine.strategy_name
+        self._report_failure(plan, result)
+        if self.config.strict and not self.config.shadow and (
+                result.over_budget or result.tokens_after > self.engines.budget.limit):
+            plan.refusal = self._refuse(plan, result)  # modified or not: over the limit
+            return
         if self.config.shadow or not result.modified:
             if result.modified:
                 log.info("shadow: would send %d tokens instead of %d (session %s)",
                          result.tokens_after, result.tokens_original, ex.session)
             return
-        if self.config.strict and result.over_budget:
-            plan.refusal = self._refuse(plan, result)
-            return
         plan.out = self._encode(plan, result.messages)
         plan.sent_messages = result.messages
+
+    def _report_failure(self, plan: _Plan, result: CompactionResult) -> None:
+        """Put a failed or fallen-back compaction into the log line (``error``,
+        ``fallback``) and warn once per session about a trigger the client's fixed part
+        leaves no room under."""
+        ex = plan.ex
+        for event in result.events or ([result.event] if result.event else []):
+            if event.error and ex.error is None:
+                ex.error = event.error
+            if event.fallback and ex.fallback is None:
+                ex.fallback = event.fallback
+        if ex.error is not None and self.stats.first_failure(ex.session):
+            log.warning("compaction failed in session %s (%s; fallback %s); later failures "
+                        "of this session are in the log lines only", ex.session, ex.error,
+                        ex.fallback or "none")
+        if plan.engine is not None and self.stats.first_request(ex.session):
+            self._warn_fixed(plan)
+
+    def _warn_fixed(self, plan: _Plan) -> None:
+        """Warn when the part of a request compaction cannot shrink (system prompt, tools,
+        instruction items) takes half the trigger or more."""
+        engine, messages = plan.engine, plan.messages or []
+        assert engine is not None
+        kept = [m for m in messages if _is_kept(engine.dialect, m)]
+        fixed = _fixed(plan) + (engine.count(kept) if kept else 0)
+        trigger = self.engines.budget.trigger
+        if fixed * 2 >= trigger:
+            log.warning("trigger %d tokens is too small for this client: its fixed prompt "
+                        "(system, tools, instructions) is %d tokens, which compaction keeps; "
+                        "use --trigger %d or more (session %s)", trigger, fixed,
+                        _round_up(fixed * 3), plan.ex.session)
 
     def _encode(self, plan: _Plan, messages: list[Any]) -> bytes:
         """The body to send with ``messages``: unchanged messages as the client's own bytes
@@ -437,7 +477,7 @@ class CompactionProxy:
 
     def _may_retry(self, plan: _Plan) -> bool:
         return (self.config.reactive and not self.config.shadow and plan.engine is not None
-                and plan.messages is not None and plan.ex.error is None)
+                and plan.messages is not None and not plan.ex.fail_open)
 
     async def _reactive(self, request: Request, plan: _Plan, resp: UpstreamResponse,
                         t0: float) -> Any:
@@ -515,6 +555,18 @@ def _register_recorder(pm: pluggy.PluginManager, run_dir: str) -> Any:
     recorder = Recorder(run_dir, metadata={"source": "agentcompact proxy"})
     pm.register(recorder, name=f"agentcompact-proxy-recorder-{id(recorder)}")
     return recorder
+
+
+def _is_kept(dialect: Dialect, message: Any) -> bool:
+    """The engine's rule for what it never drops (``Dialect.is_kept``; instructions only
+    with a base class that predates it)."""
+    kept = getattr(dialect, "is_kept", None)
+    return bool(kept(message)) if kept is not None else dialect.role(message) in (
+        "system", "developer")
+
+
+def _round_up(tokens: int) -> int:
+    return -(-tokens // 10_000) * 10_000
 
 
 def _fixed(plan: _Plan) -> int:

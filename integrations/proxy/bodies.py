@@ -250,14 +250,17 @@ class Parsed:
     def spans(self) -> bool:
         return self.starts is not None
 
-    def prefix_end(self) -> int:
-        """Bytes a later body must share for every message here to be reused."""
+    def prefix_end(self, shared: int | None = None) -> int:
+        """Bytes a later body must share for the first ``shared`` messages here (default:
+        all of them) to be reused."""
         assert self.ends is not None
-        return self.ends[-1] if self.ends else self.array + 1
+        n = len(self.ends) if shared is None else shared
+        return self.ends[n - 1] if n else self.array + 1
 
 
-#: an earlier body, and where the array it extends starts in the new one
-_Match = tuple[Parsed, int]
+#: an earlier body, where the array it extends starts in the new one, and how many of
+#: its leading messages the new body holds byte for byte
+_Match = tuple[Parsed, int, int]
 
 
 class BodyCache:
@@ -274,6 +277,9 @@ class BodyCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
+        #: hits sharing only some of the earlier body's messages (Claude Code moves its
+        #: ``cache_control`` marker to the newest block: the previous newest changes)
+        self.partial_hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
@@ -285,8 +291,8 @@ class BodyCache:
         match = self._candidate(raw, key)
         if match is None:
             return None, len(raw)
-        prev, array = match
-        return match, len(raw) - (array + prev.prefix_end() - prev.array)
+        prev, array, shared = match
+        return match, len(raw) - (array + prev.prefix_end(shared) - prev.array)
 
     def parse(self, raw: bytes, key: str, match: _Match | None | bool = True) -> Parsed:
         """``raw`` parsed (as ``orjson.loads`` would), reusing an earlier request's message
@@ -294,20 +300,25 @@ class BodyCache:
         a body that does not parse. ``match``: the result of ``lookup``, if already known."""
         found = self._candidate(raw, key) if match is True or match is False else match
         prev = found[0] if found is not None else None
-        parsed = _extend(found[0], found[1], raw) if found is not None else None
+        parsed = _extend(*found, raw) if found is not None else None
         if parsed is None:
             parsed = _full(raw, key)
             self.misses += 1
         else:
             self.hits += 1
+            self.partial_hits += found is not None and found[2] < len(found[0].ends or ())
         if parsed.spans and parsed.messages is not None:
-            # the session moved on: its earlier body is superseded (one entry per session)
-            self._remember(parsed, replaces=prev if parsed.reused else None)
+            # the session moved on: its earlier body is superseded (one entry per session);
+            # a body sharing only a few leading messages (another session opening the same
+            # way) supersedes nothing
+            supersedes = prev is not None and parsed.reused * 2 > len(prev.ends or ())
+            self._remember(parsed, replaces=prev if supersedes else None)
         return parsed
 
     # --- incremental path -----------------------------------------------------------
     def _candidate(self, raw: bytes, key: str) -> _Match | None:
-        """The most recent entry whose message bytes open ``raw``'s message array. The keys
+        """The most recent entry whose message bytes open ``raw``'s message array; else
+        the entry sharing the most leading messages byte for byte (at least one). The keys
         before the array may differ (``stream``, ``max_tokens``, metadata…): the array's
         content does not depend on them."""
         with self._lock:
@@ -317,14 +328,18 @@ class BodyCache:
         array = array_start(raw, key)
         if array < 0:
             return None
+        best: _Match | None = None
         for entry in entries:
-            if entry.key != key:
+            if entry.key != key or entry.ends is None:
                 continue
-            end = entry.prefix_end()
-            if (array + end - entry.array <= len(raw)
-                    and raw.startswith(memoryview(entry.raw)[entry.array:end], array)):
-                return entry, array
-        return None
+            if _newest_unmoved(entry, raw, array) and _shares(entry, raw, array,
+                                                              len(entry.ends)):
+                return entry, array, len(entry.ends)
+            if best is None or best[2] < len(entry.ends):
+                shared = _shared_messages(entry, raw, array, 0 if best is None else best[2])
+                if shared and (best is None or shared > best[2]):
+                    best = (entry, array, shared)
+        return best
 
     def _remember(self, parsed: Parsed, replaces: Parsed | None) -> None:
         with self._lock:
@@ -341,21 +356,62 @@ class BodyCache:
                 self._bytes -= len(dropped.raw)
 
 
-def _extend(prev: Parsed, array: int, raw: bytes) -> Parsed | None:
-    """``raw`` parsed reusing ``prev``'s messages (the array at ``array`` in ``raw`` starts
-    with all of their bytes); ``None`` when anything is off (the caller parses in full)."""
+def _shares(prev: Parsed, raw: bytes, array: int, n: int) -> bool:
+    """True when the array at ``array`` in ``raw`` opens with the bytes of ``prev``'s first
+    ``n`` messages (separators included)."""
+    end = prev.prefix_end(n)
+    return (array + end - prev.array <= len(raw)
+            and raw.startswith(memoryview(prev.raw)[prev.array:end], array))
+
+
+def _newest_unmoved(prev: Parsed, raw: bytes, array: int) -> bool:
+    """True when ``prev``'s newest message stands unchanged where it stood (a cheap test
+    before comparing the whole prefix: Claude Code changes exactly that message)."""
+    if not prev.ends or prev.starts is None:
+        return True
+    start, end = prev.starts[-1], prev.ends[-1]
+    at = array + start - prev.array
+    return raw.startswith(memoryview(prev.raw)[start:end], at)
+
+
+def _shared_messages(prev: Parsed, raw: bytes, array: int, floor: int = 0) -> int:
+    """How many leading messages of ``prev`` open ``raw``'s array byte for byte, knowing
+    that not all do; 0 when that is ``floor`` or fewer. Galloping back from the newest,
+    then a binary search: a few ``memcmp`` calls, each stopping at the first differing
+    byte (the usual case, one changed message at the end, costs one)."""
+    assert prev.ends is not None
+    lo, hi = floor, len(prev.ends)  # hi: known not shared; lo: the answer is above it
+    step, k = 1, hi - 1
+    while k > lo:
+        if _shares(prev, raw, array, k):
+            lo = k
+            break
+        hi, k, step = k, k - step, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _shares(prev, raw, array, mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo if lo > floor else 0
+
+
+def _extend(prev: Parsed, array: int, shared: int, raw: bytes) -> Parsed | None:
+    """``raw`` parsed reusing ``prev``'s first ``shared`` messages (the array at ``array``
+    in ``raw`` starts with all of their bytes); ``None`` when anything is off (the caller
+    parses in full)."""
     key = prev.key
     if prev.messages is None or prev.starts is None or prev.ends is None:
         return None
     shift = array - prev.array
+    n = shared
     if shift:
-        starts = [i + shift for i in prev.starts]
-        ends = [i + shift for i in prev.ends]
+        starts = [i + shift for i in prev.starts[:n]]
+        ends = [i + shift for i in prev.ends[:n]]
     else:
-        starts, ends = list(prev.starts), list(prev.ends)
-    n = len(starts)
+        starts, ends = prev.starts[:n], prev.ends[:n]
     try:
-        close = _scan_elements(raw, prev.prefix_end() + shift, starts, ends, first=n == 0)
+        close = _scan_elements(raw, prev.prefix_end(n) + shift, starts, ends, first=n == 0)
         new: list[Any] = []
         if len(starts) > n:
             new = orjson.loads(b"[" + raw[starts[n]:close + 1])

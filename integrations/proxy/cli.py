@@ -18,7 +18,7 @@ from agentcompact.errors import AgentCompactError
 
 from .config import ENV_PREFIX, ProxyConfig
 
-__all__ = ["add_parser", "build_config", "main", "run"]
+__all__ = ["add_parser", "build_config", "main", "run", "warn_small_trigger"]
 
 log = logging.getLogger("agentcompact.proxy")
 
@@ -43,9 +43,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     a("--strategy-option", action="append", metavar="KEY=VALUE", dest="strategy_option",
       help="strategy factory setting (VALUE parsed as JSON when it parses); repeatable")
     a("--trigger", type=int, metavar="TOKENS",
-      help="compact when a request's messages exceed this many tokens (default 100000)")
+      help="compact when a request (messages, system prompt and tools) exceeds this many "
+           "tokens (default 100000)")
     a("--target", type=int, metavar="TOKENS",
-      help="size to compact down to (default half the trigger)")
+      help="size to compact down to (default: the request's fixed part - system prompt, "
+           "tools, instruction items - plus a quarter of what the trigger leaves besides it)")
     a("--counter", help="token counter: tiktoken (default), tiktoken:ENC, hf:PATH, chars")
     a("--anthropic-upstream", metavar="URL", help="default https://api.anthropic.com")
     a("--openai-upstream", metavar="URL", help="default https://api.openai.com")
@@ -103,12 +105,28 @@ def run(args: argparse.Namespace) -> int:
     except AgentCompactError as exc:
         print(f"agentcompact proxy: {exc}", file=sys.stderr)
         return 2
+    warn_small_trigger(config.trigger)
     mode = "shadow" if config.shadow else ("strict" if config.strict else "active")
     log.info("agentcompact proxy on http://%s:%d (%s, strategy=%s, trigger=%d tokens)",
              config.host, config.port, mode, config.strategy, config.trigger)
     uvicorn.run(app, host=config.host, port=config.port, log_config=None,
                 log_level="warning", access_log=False)
     return 0
+
+
+#: today's coding CLIs send this much that compaction keeps (system prompt, tools,
+#: instruction items) before any history: Claude Code 2.1 ~11k tokens, Codex 0.171 ~13k
+HARNESS_FIXED_TOKENS = 13_000
+
+
+def warn_small_trigger(trigger: int) -> None:
+    """Warn at start-up about a trigger today's harnesses' fixed prompt alone would fill half
+    of (each session's first request is checked against its own fixed part too)."""
+    if trigger < 2 * HARNESS_FIXED_TOKENS:
+        log.warning("trigger %d tokens: Claude Code and Codex send ~%dk tokens of system "
+                    "prompt, tools and instructions that compaction keeps; a trigger below "
+                    "%d leaves them little room (see docs/proxy.md)", trigger,
+                    HARNESS_FIXED_TOKENS // 1000, 2 * HARNESS_FIXED_TOKENS)
 
 
 def _setup_logging(level: str) -> None:

@@ -34,8 +34,10 @@ class ProxyConfig:
     :param port: TCP port; 0 picks a free one.
     :param strategy: a strategy name from the plugin registry (``cliff``, ``summary``…).
     :param strategy_options: keyword arguments for the strategy's factory.
-    :param trigger: compact when a request's messages exceed this many tokens.
-    :param target: bring them down to at most this many (default: half the trigger).
+    :param trigger: compact when a request (its messages, system prompt, instructions and
+        tool schemas) exceeds this many tokens.
+    :param target: bring it down to at most this many (default: the request's fixed part
+        plus a quarter of what the trigger leaves besides it; ``Budget.target_for``).
     :param counter: token counter spec (``tiktoken``, ``tiktoken:ENC``, ``hf:PATH``, ``chars``).
     :param anthropic_upstream: base URL for Anthropic paths (request path appended).
     :param openai_upstream: base URL for every other path.

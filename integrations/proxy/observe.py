@@ -52,7 +52,13 @@ class ExchangeLog:
     #: (completed before measuring: provably unchanged), "sent" (completed after the
     #: engine) or "dropped" (the engine changed the body; the new one was sent)
     held: str | None = None
+    #: what went wrong: a compaction that failed (validation, a strategy error; the
+    #: engine's event names it) or a failure that made the proxy forward the original
     error: str | None = None
+    #: the rung the engine fell back to when its strategy failed (``cliff``, ``none``…)
+    fallback: str | None = None
+    #: the original bytes went upstream because the proxy itself failed (fail-open)
+    fail_open: bool = False
 
     def emit(self) -> None:
         log.info("%s", orjson.dumps({"event": "proxy_request", **asdict(self)}).decode())
@@ -65,10 +71,21 @@ class SessionStats:
     dialect: str
     requests: int = 0
     compactions: int = 0
+    fallbacks: int = 0
+    errors: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
     tokens_saved: int = 0
+    #: tokens sent over the session, and the part of them that repeated the previous
+    #: request's prefix unchanged (what a provider's prompt cache can serve)
+    tokens_sent: int = 0
+    tokens_reused: int = 0
     last_seen: float = field(default_factory=time.time)
+
+    @property
+    def cache_share(self) -> float:
+        """Share of the tokens sent that repeated a prefix already sent (an estimate)."""
+        return self.tokens_reused / self.tokens_sent if self.tokens_sent else 0.0
 
 
 class ProxyStats:
@@ -83,6 +100,8 @@ class ProxyStats:
         self.shadow_tokens_saved = 0
         self.retries = 0
         self.fail_open = 0
+        self.fallbacks = 0
+        self.errors = 0
         self.probes = 0
         self.refused = 0
         self.open_streams = 0
@@ -90,8 +109,28 @@ class ProxyStats:
         self.held_early = 0
         self.held_dropped = 0
         self._sessions: OrderedDict[str, SessionStats] = OrderedDict()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._failed: OrderedDict[str, None] = OrderedDict()
         self._max = max_sessions
         self._lock = threading.Lock()
+
+    def first_request(self, session: str | None) -> bool:
+        """True the first time a session is asked about (its first handled request)."""
+        return self._first(self._seen, session)
+
+    def first_failure(self, session: str | None) -> bool:
+        """True the first time a session's compaction fails (to warn once per session)."""
+        return self._first(self._failed, session)
+
+    def _first(self, seen: OrderedDict[str, None], session: str | None) -> bool:
+        key = session or ""
+        with self._lock:
+            if key in seen:
+                return False
+            seen[key] = None
+            while len(seen) > self._max:
+                seen.popitem(last=False)
+            return True
 
     def count_request(self) -> None:
         with self._lock:
@@ -108,7 +147,9 @@ class ProxyStats:
             self.probes += ex.probe
             self.retries += ex.retried
             self.refused += ex.refused
-            self.fail_open += ex.error is not None
+            self.fail_open += ex.fail_open
+            self.errors += ex.error is not None
+            self.fallbacks += ex.fallback is not None
             self.compactions += ex.compacted
             if ex.held is not None:
                 self.held_sent += ex.held in ("sent", "sent-early")
@@ -124,7 +165,13 @@ class ProxyStats:
             self._sessions[ex.session] = s
             s.requests += 1
             s.compactions += ex.compacted
-            s.tokens_in, s.tokens_out = ex.tokens_in or 0, ex.tokens_out or 0
+            s.fallbacks += ex.fallback is not None
+            s.errors += ex.error is not None
+            sent = ex.tokens_out or 0
+            if not ex.compacted and s.requests > 1:  # the previous body is this one's prefix
+                s.tokens_reused += min(s.tokens_out, sent)
+            s.tokens_sent += sent
+            s.tokens_in, s.tokens_out = ex.tokens_in or 0, sent
             s.tokens_saved += saved
             s.last_seen = time.time()
             while len(self._sessions) > self._max:
@@ -141,13 +188,16 @@ class ProxyStats:
                 "shadow_tokens_saved": self.shadow_tokens_saved,
                 "reactive_retries": self.retries,
                 "fail_open": self.fail_open,
+                "errors": self.errors,
+                "fallbacks": self.fallbacks,
                 "probes": self.probes,
                 "refused": self.refused,
                 "open_streams": self.open_streams,
                 "held": {"sent": self.held_sent, "sent_early": self.held_early,
                          "dropped": self.held_dropped},
                 **extra,
-                "sessions": {k: asdict(v) for k, v in reversed(self._sessions.items())},
+                "sessions": {k: {**asdict(v), "cache_share": round(v.cache_share, 4)}
+                             for k, v in reversed(self._sessions.items())},
             }
 
 

@@ -89,7 +89,10 @@ class UpstreamClient:
         connect directly."""
         if not self._env_proxies:
             return None
-        target = URL(url, encoded=True)  # the path and query as the client wrote them
+        try:
+            target = URL(url, encoded=True)  # the path and query as the client wrote them
+        except ValueError:
+            return None  # not a URL: the direct send reports it (502), never a 500 here
         key = (target.scheme, target.host or "")
         if key not in self._proxy_for:
             proxy = self._env_proxies.get(target.scheme)

@@ -81,17 +81,21 @@ class UpstreamSim:
     :param latency: provider timings; by default instant.
     :param context_window: if set, prompts estimated above it get the provider's
         context-length error, as a real model with that window would answer.
+    :param max_recorded: keep only this many of the latest requests (``None``: all; a
+        benchmark sending megabyte bodies for minutes keeps few).
     """
 
     def __init__(self, script: Script | None = None, *, latency: LatencyModel | None = None,
-                 context_window: int | None = None) -> None:
+                 context_window: int | None = None, max_recorded: int | None = None) -> None:
         self.script = script if script is not None else Script()
+        self.max_recorded = max_recorded
         self.latency = latency if latency is not None else LatencyModel()
         self.context_window = context_window
         #: Set by the runner on shutdown so hanging requests give up at once.
         self.closing = threading.Event()
         self._slots = Slots()
         self._requests: list[RecordedRequest] = []
+        self._seen = 0  # requests received (the ordinal of ids), recorded or not
         self._lock = threading.Lock()
         self.app = Starlette(routes=self._routes(),
                              exception_handlers={ClientDisconnect: _client_left})
@@ -107,6 +111,7 @@ class UpstreamSim:
         """Forget the recorded requests."""
         with self._lock:
             self._requests.clear()
+            self._seen = 0
 
     def _routes(self) -> list[Route]:
         return [
@@ -116,6 +121,10 @@ class UpstreamSim:
             Route("/v1/responses", self._responses, methods=["POST"]),
             Route("/v1/responses/compact", self._compact, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            # anything else is recorded (a client's unexpected call shows in ``requests``)
+            # and answered 404 in the Anthropic/OpenAI error shape
+            Route("/{path:path}", self._unknown,
+                  methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]),
         ]
 
     async def _messages(self, request: Request) -> Response:
@@ -144,6 +153,12 @@ class UpstreamSim:
                 "first_id": "sim-model", "last_id": "sim-model"}
         return JSONResponse(page, headers=_ids(ordinal))
 
+    async def _unknown(self, request: Request) -> Response:
+        ordinal, _ = await self._record(request)
+        error = {"type": "error", "error": {"type": "not_found_error",
+                                            "message": f"no route {request.url.path}"}}
+        return JSONResponse(error, 404, headers=_ids(ordinal))
+
     async def _record(self, request: Request) -> tuple[int, Any]:
         raw = await request.body()
         try:
@@ -154,7 +169,10 @@ class UpstreamSim:
                                dict(request.headers), body, time.time())
         with self._lock:
             self._requests.append(seen)
-            return len(self._requests), body
+            self._seen += 1
+            if self.max_recorded is not None and len(self._requests) > self.max_recorded:
+                del self._requests[:len(self._requests) - self.max_recorded]
+            return self._seen, body
 
     async def _answer(self, request: Request, wire: Wire) -> Response:
         ordinal, body = await self._record(request)

@@ -47,6 +47,11 @@ def _items(completion: Completion, body: dict[str, Any]) -> list[dict[str, Any]]
         items.append({"type": "message", "id": completion.item_id("msg"), "status": "completed",
                       "role": "assistant", "content": [part]})
     for index, call in enumerate(completion.tool_calls):
+        if call.custom:
+            items.append({"type": "custom_tool_call", "id": completion.item_id("ctc", index),
+                          "call_id": completion.call_id("call_", index), "name": call.name,
+                          "input": call.arguments_json, "status": "completed"})
+            continue
         items.append({"type": "function_call", "id": completion.item_id("fc", index),
                       "call_id": completion.call_id("call_", index), "name": call.name,
                       "arguments": call.arguments_json, "status": "completed"})
@@ -106,6 +111,7 @@ _OPENERS: dict[str, dict[str, Any]] = {
     "reasoning": {"summary": []},
     "message": {"content": [], "status": "in_progress"},
     "function_call": {"arguments": "", "status": "in_progress"},
+    "custom_tool_call": {"input": "", "status": "in_progress"},
 }
 
 
@@ -118,7 +124,7 @@ def _item_frames(sequence: Iterator[int], index: int, item: dict[str, Any]) -> I
     opening = {**item, **_OPENERS[item["type"]]}
     yield _frame(sequence, "response.output_item.added", output_index=index, item=opening)
     streams = {"reasoning": _reasoning_frames, "message": _message_frames,
-               "function_call": _call_frames}
+               "function_call": _call_frames, "custom_tool_call": _custom_frames}
     yield from streams[item["type"]](sequence, index, item)
     yield _frame(sequence, "response.output_item.done", output_index=index, item=item)
 
@@ -156,6 +162,14 @@ def _call_frames(sequence: Iterator[int], index: int, item: dict[str, Any]) -> I
         yield _frame(sequence, "response.function_call_arguments.delta", 1, **where, delta=piece)
     yield _frame(sequence, "response.function_call_arguments.done", **where,
                  name=item["name"], arguments=item["arguments"])
+
+
+def _custom_frames(sequence: Iterator[int], index: int, item: dict[str, Any]
+                   ) -> Iterator[Frame]:
+    where = {"item_id": item["id"], "output_index": index}
+    for piece in split_tokens(item["input"]):
+        yield _frame(sequence, "response.custom_tool_call_input.delta", 1, **where, delta=piece)
+    yield _frame(sequence, "response.custom_tool_call_input.done", **where, input=item["input"])
 
 
 def compacted(body: dict[str, Any], ordinal: int) -> dict[str, Any]:

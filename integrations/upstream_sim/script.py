@@ -101,6 +101,9 @@ class ToolCall:
     arguments: Mapping[str, Any] | str = field(default_factory=dict)
     #: Provider-looking id (``toolu_…`` / ``call_…``) generated from the request number if None.
     id: str | None = None
+    #: A freeform tool (Responses ``custom_tool_call`` whose ``input`` is ``arguments`` as
+    #: raw text, as Codex's ``exec`` tool takes JavaScript); other wires send a plain call.
+    custom: bool = False
 
     @property
     def arguments_json(self) -> str:

@@ -122,3 +122,101 @@ def test_with_messages_is_a_shallow_copy() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "a"}], "max_tokens": 5}
     new = AnthropicDialect().with_messages(body, [])
     assert new["messages"] == [] and body["messages"] and new["model"] == "m"
+
+
+# --- what a dialect does not model is kept (issue 13) ------------------------------------
+
+_TOOLS_ITEM = {"type": "additional_tools", "id": "at_1", "role": "developer", "tools": [
+    {"type": "namespace", "name": "functions", "description": "", "tools": [
+        {"type": "custom", "name": "exec", "description": "Run JavaScript " * 40}]}]}
+
+
+def test_responses_additional_tools_item_is_an_opaque_instruction_counted_by_its_json() -> None:
+    d = OpenAIResponsesDialect()
+    assert d.is_opaque(_TOOLS_ITEM) and d.is_instruction(_TOOLS_ITEM)
+    assert d.role(_TOOLS_ITEM) == "developer"
+    text, images = d.counted_text(_TOOLS_ITEM)
+    assert images == 0 and "Run JavaScript" in text and '"additional_tools"' in text
+    assert len(text) >= len("Run JavaScript " * 40)
+    assert [p.kind for p in d.parts(_TOOLS_ITEM)] == ["other"]
+
+
+def test_responses_developer_messages_are_instructions_not_opaque() -> None:
+    d = OpenAIResponsesDialect()
+    dev = {"type": "message", "role": "developer",
+           "content": [{"type": "input_text", "text": "You are Codex"}]}
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    assert d.is_instruction(dev) and not d.is_opaque(dev)
+    assert not d.is_instruction(user) and not d.is_opaque(user)
+    call = {"type": "custom_tool_call", "call_id": "c1", "name": "exec", "input": "text(1)"}
+    assert not d.is_opaque(call) and d.tool_call_ids(call) == ("c1",)
+
+
+def test_responses_message_with_an_unknown_content_part_is_opaque_and_counted() -> None:
+    d = OpenAIResponsesDialect()
+    m = {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "look"}, {"type": "input_hologram", "data": "Z" * 50}]}
+    assert d.is_opaque(m)
+    assert "Z" * 50 in d.counted_text(m)[0] and "look" in d.counted_text(m)[0]
+
+
+def test_anthropic_mid_conversation_system_message_is_valid_and_an_instruction() -> None:
+    d = AnthropicDialect()
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "go"}]},
+        {"role": "system", "content": "Tool permissions changed."},
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+        {"role": "system", "content": "Another reminder."},
+        {"role": "user", "content": "next"},
+    ]
+    d.check_order(messages)  # no ValidationError
+    for i, m in enumerate(messages):
+        d.check_shape(m, i)
+    assert [d.is_instruction(m) for m in messages] == [False, True, False, True, False]
+    with pytest.raises(Exception, match="first message must be a user message"):
+        d.check_order([{"role": "system", "content": "s"}, messages[2]])
+
+
+def test_anthropic_unknown_block_type_makes_the_message_opaque_and_counts_its_json() -> None:
+    d = AnthropicDialect()
+    m = {"role": "assistant", "content": [
+        {"type": "text", "text": "here"},
+        {"type": "container_upload", "file_id": "file_" + "q" * 40}]}
+    assert d.is_opaque(m)
+    assert "q" * 40 in d.counted_text(m)[0]
+    known = {"role": "assistant", "content": [{"type": "text", "text": "x"},
+                                              {"type": "redacted_thinking", "data": "abc"}]}
+    assert not d.is_opaque(known) and "abc" not in d.counted_text(known)[0]
+
+
+def test_openai_chat_unknown_content_part_is_opaque_and_developer_an_instruction() -> None:
+    d = OpenAIChatDialect()
+    m = {"role": "user", "content": [{"type": "text", "text": "a"},
+                                     {"type": "input_video", "video": "V" * 30}]}
+    assert d.is_opaque(m) and "V" * 30 in d.counted_text(m)[0]
+    assert d.is_instruction({"role": "developer", "content": "rules"})
+    assert not d.is_opaque({"role": "user", "content": "plain"})
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+@pytest.mark.parametrize("bad", [7, "text", None, ["role", "user"]])
+def test_non_object_message_is_a_dialect_error_naming_index_and_type(name: str, bad: object
+                                                                     ) -> None:
+    d = get_dialect(name, new_plugin_manager())
+    ok = {"role": "user", "content": "hi"}
+    body = {d.messages_key: [ok, bad]}
+    with pytest.raises(DialectError) as info:
+        d.messages_of(body)
+    message = str(info.value)
+    assert "message 1" in message and type(bad).__name__ in message
+    if isinstance(bad, str):
+        assert bad not in message.replace(type(bad).__name__, "")  # no content in errors
+    with pytest.raises(DialectError, match=type(bad).__name__):
+        d.role(bad)
+
+
+def test_openai_chat_truncate_keeps_non_object_content_items() -> None:
+    d = OpenAIChatDialect()
+    m = {"role": "user", "content": [{"type": "text", "text": "x" * 100}, 5]}
+    out = d.truncate(m, 20)
+    assert out["content"][1] == 5 and len(out["content"][0]["text"]) < 100

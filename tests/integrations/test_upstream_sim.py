@@ -376,3 +376,48 @@ def test_docs_examples_run() -> None:
     assert len(blocks) == 3
     for block in blocks:
         exec(compile(block, str(DOCS), "exec"), {})
+
+
+# ------------------------------------------------ what the real coding CLIs need (issue 13)
+
+
+def test_an_unknown_route_is_recorded_and_answered_404(server: RunningServer,
+                                                       sim: UpstreamSim) -> None:
+    response = httpx.head(f"{server.base_url}/v1/unheard/of?x=1")
+    assert response.status_code == 404
+    response = httpx.post(f"{server.base_url}/api/event_logging", json={"e": 1})
+    assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+    assert [(r.method, r.path) for r in sim.requests] == [
+        ("HEAD", "/v1/unheard/of"), ("POST", "/api/event_logging")]
+
+
+def test_a_custom_tool_call_streams_as_codex_reads_it(server: RunningServer) -> None:
+    from agentcompact.integrations.upstream_sim import ToolCall
+
+    sim = server.sim
+    assert sim is not None
+    sim.script.push(Reply.calling(ToolCall("exec", "text(await tools.x())", custom=True)))
+    with httpx.stream("POST", f"{server.base_url}/v1/responses", json={
+            "model": "m", "stream": True, "input": [{"role": "user", "content": "go"}]}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert "response.custom_tool_call_input.delta" in kinds
+    done = next(e for e in events if e["type"] == "response.output_item.done")
+    assert done["item"]["type"] == "custom_tool_call"
+    assert done["item"]["input"] == "text(await tools.x())"
+    assert done["item"]["call_id"].startswith("call_")
+    pieces = "".join(e["delta"] for e in events
+                     if e["type"] == "response.custom_tool_call_input.delta")
+    assert pieces == "text(await tools.x())"
+
+
+def test_max_recorded_keeps_the_latest_requests_and_counts_all() -> None:
+    sim = UpstreamSim(max_recorded=2)
+    with serve(sim) as running:
+        for i in range(4):
+            httpx.post(f"{running.base_url}/v1/chat/completions",
+                       json={"model": "m", "messages": [{"role": "user", "content": str(i)}]})
+        answer = httpx.post(f"{running.base_url}/v1/chat/completions",
+                            json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert [r.body["messages"][0]["content"] for r in sim.requests] == ["3", "x"]
+    assert answer.headers["request-id"] == "req_sim000005"

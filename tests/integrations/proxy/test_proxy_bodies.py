@@ -95,7 +95,7 @@ def test_edits_forks_rewinds_and_other_keys_parse_like_a_fresh_parse() -> None:
         serialize = rnd.choice(list(SERIALIZERS.values()))
         parsed = check(cache, serialize(body))
         assert parsed.spans
-    assert cache.hits > 50 and cache.misses > 20
+    assert cache.hits > 50 and cache.partial_hits > 20  # edits and rewinds: partial reuse
 
 
 @pytest.mark.parametrize("raw", [
@@ -202,3 +202,72 @@ def test_keys_before_the_array_may_change(serialize: Serializer) -> None:
         sent = encode(parsed, parsed.messages[1:])
         assert orjson.loads(sent) == {**orjson.loads(raw), "messages": history[1:n]}
     assert len(cache) == 1
+
+
+# --- partial reuse: Claude Code moves its cache_control marker every turn (issue 13) -----
+
+def _marked(messages: list[Any]) -> list[Any]:
+    """``messages`` with Claude Code's marker on the newest block only (copies where it
+    changes, so the earlier list is left as it was)."""
+    out = [m for m in messages]
+    last = dict(out[-1])
+    content = [dict(b) for b in last["content"]] if isinstance(last["content"], list) else [
+        {"type": "text", "text": last["content"]}]
+    content[-1]["cache_control"] = {"type": "ephemeral"}
+    last["content"] = content
+    out[-1] = last
+    return out
+
+
+def test_a_moved_cache_control_marker_reparses_only_the_message_it_left() -> None:
+    history = anthropic_history(30, result_tokens=40)
+    cache = BodyCache()
+    previous: Any = None
+    for n in range(4, len(history) + 1, 2):
+        raw = orjson.dumps(body_of(_marked(history[:n]), system="s", tools=[{"name": "t"}]))
+        parsed = check(cache, raw)
+        if previous is not None:
+            shared = len(previous.messages) - 1  # the previous newest lost its marker
+            assert parsed.reused == shared
+            assert all(a is b for a, b in zip(parsed.messages[:shared], previous.messages))
+        previous = parsed
+    assert cache.partial_hits == cache.hits == len(range(4, len(history) + 1, 2)) - 1
+    assert cache.misses == 1
+
+
+def test_partial_reuse_takes_the_session_sharing_the_most_messages() -> None:
+    shared_opening = {"role": "user", "content": "the same first message in every session"}
+    a = [shared_opening, *anthropic_history(10, result_tokens=20)[1:]]
+    b = [shared_opening, {"role": "assistant", "content": "another session"}]
+    cache = BodyCache()
+    first = check(cache, orjson.dumps(body_of(a)))
+    check(cache, orjson.dumps(body_of(b)))  # more recent, shares one message with ``a``
+    edited = [*a[:-1], {"role": "user", "content": "the newest message, edited"}]
+    parsed = check(cache, orjson.dumps(body_of(edited)))
+    assert parsed.reused == len(a) - 1
+    assert all(x is y for x, y in zip(parsed.messages, first.messages[:len(a) - 1]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_partial_reuse_matches_a_fresh_parse_whatever_changes(seed: int) -> None:
+    rnd = random.Random(seed)
+    cache = BodyCache()
+    messages: list[Any] = [{"role": "user", "content": "task"}]
+    previous: Any = None
+    changed = 0
+    for step in range(120):
+        messages = list(messages)
+        if len(messages) > 1 and rnd.random() < 0.5:  # change one message somewhere
+            changed = rnd.randrange(len(messages))
+            messages[changed] = {"role": "user", "content": rnd.choice(TRICKY) + str(step)}
+        else:
+            changed = len(messages)
+        messages.append({"role": rnd.choice(["user", "assistant"]), "content": str(step)})
+        serialize = rnd.choice([orjson.dumps, SERIALIZERS["json-compact-utf8"]])
+        parsed = check(cache, serialize(body_of(messages)))
+        if previous is not None and parsed.reused:
+            assert parsed.reused <= changed
+            assert all(a is b for a, b in zip(parsed.messages[:parsed.reused],
+                                              previous.messages))
+        previous = parsed
+    assert cache.partial_hits > 10

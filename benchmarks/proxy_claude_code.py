@@ -1,0 +1,183 @@
+"""Added latency with Claude Code-shaped bodies at 200k / 1M / 3M tokens, agentcompact's proxy
+and CliffCompaction's side by side in one run.
+
+The history is a real Claude Code session (``../shared/data/trajectories/claude-code``,
+258c7280, ~137k tokens) repeated with fresh tool ids until the size is reached, sent as
+Claude Code sends it: three system blocks, ~12 tools, a ``role: system`` message after the
+first user message, ``metadata.user_id`` holding a session id, ``stream: true``, and the
+``cache_control`` marker on the newest block only, so each request changes the previous
+newest message (its marker is gone) and appends one turn. No compaction happens (trigger far
+above the size): Claude Code behind the proxy sees the compacted usage and never compacts
+itself, so this is the steady per-request cost as its history grows.
+
+Per step the same body goes directly to the simulator, through agentcompact's proxy and
+through CliffCompaction's (order rotated; each server in its own process, uvicorn with
+httptools/uvloop for all); "added" is the proxied time minus the direct time of the same
+step. ``work`` is agentcompact's own per-request work measured in process without HTTP
+(parse what is new, measure, decide), the part that must stay O(new bytes).
+
+    TIKTOKEN_CACHE_DIR=... python benchmarks/proxy_claude_code.py [--sizes 200000,1000000,3000000]
+        [--steps 20] [--warmup 3] [--no-cliff]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TIKTOKEN_CACHE_DIR", "/work/shared/data/tiktoken")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx  # noqa: E402 - after the offline tiktoken setting
+import orjson  # noqa: E402
+import proxy_latency  # noqa: E402 - the server roles, in their own processes
+
+from agentcompact.trajectory.loaders import load  # noqa: E402
+
+SESSION = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
+           / "claude-code" / "258c7280-ae70-4798-800f-63464d01a85d.jsonl")
+MARK = {"type": "ephemeral"}
+SYSTEM_MESSAGE = {"role": "system", "content": "# Environment\n - Platform: linux\n" * 40}
+
+
+def _renamed(message: dict[str, Any], rep: int) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    out = []
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "tool_use":
+            block = {**block, "id": f"{block['id']}_r{rep}"}
+        elif isinstance(block, dict) and block.get("type") == "tool_result":
+            block = {**block, "tool_use_id": f"{block['tool_use_id']}_r{rep}"}
+        out.append(block)
+    return {**message, "content": out}
+
+
+def history(tokens: int) -> list[dict[str, Any]]:
+    """The real session repeated (fresh tool ids each time) to about ``tokens`` (chars/4)."""
+    session = load(SESSION)[0].messages
+    chars = len(orjson.dumps(session))
+    out: list[dict[str, Any]] = [session[0], SYSTEM_MESSAGE]
+    rep = 0
+    while len(orjson.dumps(out)) < tokens * 4 + chars:
+        out.extend(_renamed(m, rep) for m in session[1:])
+        rep += 1
+    return out
+
+
+def call_points(messages: list[dict[str, Any]]) -> list[int]:
+    """Prefix lengths a request can end at: just before an assistant message."""
+    return [i for i in range(2, len(messages))
+            if messages[i]["role"] == "assistant" and messages[i - 1]["role"] == "user"]
+
+
+def _marked(message: dict[str, Any]) -> dict[str, Any]:
+    content = message["content"]
+    if isinstance(content, str):
+        return {**message, "content": [{"type": "text", "text": content,
+                                        "cache_control": MARK}]}
+    return {**message, "content": [*content[:-1], {**content[-1], "cache_control": MARK}]}
+
+
+def body(messages: list[dict[str, Any]]) -> bytes:
+    """A Claude Code request: the marker on the newest block only."""
+    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1"},
+              {"type": "text", "text": "You are Claude Code.", "cache_control": MARK},
+              {"type": "text", "text": "Instructions. " * 500, "cache_control": MARK}]
+    tools = [{"name": f"Tool{i}", "description": "Does a thing. " * 400,
+              "input_schema": {"type": "object", "properties": {"arg": {"type": "string"}}}}
+             for i in range(12)]
+    return orjson.dumps({
+        "model": "claude-opus-5-5", "messages": [*messages[:-1], _marked(messages[-1])],
+        "system": system, "tools": tools, "max_tokens": 128000, "stream": True,
+        "metadata": {"user_id": '{"device_id":"d","session_id":"bench-session"}'},
+    })
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def measure(size: int, steps: int, warmup: int, cliff: bool) -> dict[str, float]:
+    full = history(size + 200_000)
+    points = [p for p in call_points(full) if len(orjson.dumps(full[:p])) >= size * 4]
+    points = points[:warmup + steps]
+    trigger = size * 4
+    upstream = proxy_latency.Role("sim")
+    names = ["ours", "cliff"] if cliff else ["ours"]
+    servers = {n: proxy_latency.Role(n, upstream.base_url, trigger) for n in names}
+    urls = {"direct": upstream.base_url, **{k: s.base_url for k, s in servers.items()}}
+    clients = {k: httpx.Client(base_url=u, timeout=300) for k, u in urls.items()}
+    times: dict[str, list[float]] = {k: [] for k in urls}
+    try:
+        for step, point in enumerate(points):
+            content = body(full[:point])
+            order = list(urls)[step % len(urls):] + list(urls)[:step % len(urls)]
+            for name in order:
+                elapsed = proxy_latency.timed_first_byte(clients[name], content)
+                if step >= warmup:
+                    times[name].append(elapsed)
+    finally:
+        for c in clients.values():
+            c.close()
+        for s in [*servers.values(), upstream]:
+            s.stop()
+    out = {"direct_p50": _p(times["direct"], 0.5)}
+    for name in names:
+        added = [a - d for a, d in zip(times[name], times["direct"], strict=True)]
+        out[f"{name}_p50"], out[f"{name}_p99"] = _p(added, 0.5), _p(added, 0.99)
+    out.update(work(full, points, warmup, trigger))
+    return out
+
+
+def work(full: list[dict[str, Any]], points: list[int], warmup: int, trigger: int
+         ) -> dict[str, float]:
+    """agentcompact's own per-request work, in process (no HTTP), p50 and p99."""
+    from agentcompact.integrations.proxy import ProxyConfig
+    from agentcompact.integrations.proxy.app import CompactionProxy, _Plan
+    from agentcompact.integrations.proxy.observe import ExchangeLog
+
+    proxy = CompactionProxy(ProxyConfig(trigger=trigger, log_requests=False))
+    times: list[float] = []
+    for step, point in enumerate(points):
+        raw = body(full[:point])
+        t0 = time.perf_counter()
+        plan = _Plan("anthropic", raw, raw, ExchangeLog("/v1/messages", "anthropic"))
+        proxy._prepare_sync(plan, {}, None)
+        if step >= warmup:
+            times.append(time.perf_counter() - t0)
+    reuse = proxy.bodies
+    return {"work_p50": _p(times, 0.5), "work_p99": _p(times, 0.99),
+            "partial_hits": reuse.partial_hits, "misses": reuse.misses}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--sizes", default="200000,1000000,3000000")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-cliff", dest="cliff", action="store_false")
+    args = parser.parse_args(argv)
+    proxy_latency.Role.http, proxy_latency.Role.loop = proxy_latency.SERVERS["fast"]
+    print(f"{'tokens':>9} | {'direct':>8} | {'ours+ p50':>9} {'p99':>8} | {'cliff+ p50':>10} "
+          f"{'p99':>8} | {'work p50':>8} {'p99':>7} | reuse (partial/miss)")
+    for size in (int(s) for s in args.sizes.split(",")):
+        r = measure(size, args.steps, args.warmup, args.cliff)
+        cliff = (f"{r['cliff_p50']:10.2f} {r['cliff_p99']:8.2f}" if args.cliff
+                 else f"{'-':>10} {'-':>8}")
+        print(f"{size:>9,} | {r['direct_p50']:8.2f} | {r['ours_p50']:9.2f} {r['ours_p99']:8.2f} "
+              f"| {cliff} | {r['work_p50']:8.2f} {r['work_p99']:7.2f} | "
+              f"{int(r['partial_hits'])}/{int(r['misses'])}", flush=True)
+    print("ms to the first streamed byte; ours+/cliff+ = added vs direct on the same step; "
+          "work = agentcompact's per-request work in process (target p50 <= 10 ms at 3M)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
