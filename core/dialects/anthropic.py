@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import orjson
-
 from ..errors import ValidationError
-from .base import Dialect, Part, head_tail
+from .base import Dialect, Part, head_tail, json_text
 from .objects import check_objects, not_an_object
 
 __all__ = ["AnthropicDialect"]
@@ -27,7 +25,7 @@ _KNOWN_BLOCKS = frozenset({"text", "image", "document", "tool_use", "server_tool
 
 
 def _json(value: Any) -> str:
-    return orjson.dumps(value).decode()
+    return json_text(value)  # a deep or surrogate-bearing input never makes rendering raise
 
 
 def _result_text(content: Any) -> tuple[str, bool]:

@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import orjson
-
 from ..errors import ValidationError
-from .base import Dialect, Part, head_tail
+from .base import Dialect, Part, head_tail, json_text
 from .objects import check_objects, not_an_object
 
 __all__ = ["OpenAIChatDialect"]
@@ -39,7 +37,7 @@ def _content_parts(content: Any) -> list[Part]:
         elif kind in ("image_url", "input_image", "file", "input_audio"):
             parts.append(Part("image"))
         else:  # not modelled: its JSON is what it counts (its message is kept verbatim)
-            parts.append(Part("other", orjson.dumps(item).decode()))
+            parts.append(Part("other", json_text(item)))
     return parts
 
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import orjson
-
-from .base import Dialect, Part, head_tail
+from .base import Dialect, Part, head_tail, json_text
 from .objects import check_objects, not_an_object
 
 __all__ = ["OpenAIResponsesDialect"]
@@ -55,7 +53,7 @@ def _message_parts(content: Any) -> list[Part]:
         elif kind in ("input_image", "input_file", "input_audio"):
             parts.append(Part("image"))
         else:  # not modelled: its JSON is what it counts (its item is kept verbatim)
-            parts.append(Part("other", orjson.dumps(c).decode()))
+            parts.append(Part("other", json_text(c)))
     return parts
 
 
@@ -136,7 +134,7 @@ class OpenAIResponsesDialect(Dialect):
         if kind in _KNOWN:  # compaction (encrypted), item_reference…
             return [Part("other", opaque=kind == "compaction")]
         # not modelled (``additional_tools``…): its JSON is what it counts; kept verbatim
-        return [Part("other", orjson.dumps(message).decode())]
+        return [Part("other", json_text(message))]
 
     def messages_of(self, body: dict[str, Any]) -> list[Any]:
         value = body.get("input")

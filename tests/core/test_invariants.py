@@ -413,3 +413,23 @@ def test_a_fixed_part_at_the_trigger_is_warned_once(caplog: pytest.LogCaptureFix
         e.compact(msgs + [{"role": "user", "content": "more"}], fixed_tokens=3500)
     fixed = [r for r in caplog.records if "fixed part" in r.getMessage()]
     assert len(fixed) == 1 and fixed[0].args[0] >= 3500  # type: ignore[index]
+
+
+def test_deeply_nested_tool_input_is_rendered_by_cliff_not_the_safe_rung() -> None:
+    """A tool_use input nested deeper than orjson takes (> 255 levels) is rendered by cliff's
+    own JSON fallback: the compaction does not fall to the safe rung."""
+    deep: dict[str, Any] = {}
+    cur = deep
+    for _ in range(300):
+        cur["a"] = {}
+        cur = cur["a"]
+    msgs: list[Any] = [{"role": "user", "content": "go " * 50}]
+    for k in range(40):
+        msgs.append({"role": "assistant", "content": [
+            {"type": "tool_use", "id": f"t{k}", "name": "x",
+             "input": deep if k == 3 else {"q": 1}}]})
+        msgs.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"t{k}", "content": "out " * 300}]})
+    result = Engine(dialect="anthropic", trigger_tokens=8000).compact(msgs)
+    assert result.compacted
+    assert result.event is not None and result.event.fallback is None, result.event.error
