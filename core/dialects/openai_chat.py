@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ..errors import ValidationError
-from .base import Dialect, Part, head_tail
+from .base import Dialect, Part, truncated
 
 __all__ = ["OpenAIChatDialect"]
 
@@ -39,14 +39,14 @@ def _content_parts(content: Any) -> list[Part]:
 
 def _truncate_content(content: Any, max_chars: int) -> Any:
     if isinstance(content, str):
-        return content if len(content) <= max_chars else head_tail(content, max_chars)
+        return content if len(content) <= max_chars else truncated(content, max_chars)
     if not isinstance(content, list):
         return content
     out = []
     for item in content:
         text = item.get("text") if isinstance(item, dict) else None
         if item.get("type") == "text" and isinstance(text, str) and len(text) > max_chars:
-            item = {**item, "text": head_tail(text, max_chars)}
+            item = {**item, "text": truncated(text, max_chars)}
         out.append(item)
     return content if all(a is b for a, b in zip(out, content)) else out
 
