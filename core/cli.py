@@ -1,4 +1,5 @@
-"""The ``agentcompact`` command: ``demo``, ``plugins``, ``replay``, ``export``, ``proxy``.
+"""The ``agentcompact`` command: ``demo``, ``plugins``, ``replay``, ``export``, ``proxy``,
+``mcp``.
 
 Subcommands that need an extra are listed always; running one without its extra says
 which extra to install.
@@ -19,6 +20,7 @@ _EXTERNAL = {
     "replay": ("agentcompact.replay.cli", None),
     "export": ("agentcompact.trajectory.export_cli", "export"),
     "proxy": ("agentcompact.integrations.proxy.cli", "proxy"),
+    "mcp": ("agentcompact.integrations.mcp_server", "mcp"),
 }
 
 
