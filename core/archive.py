@@ -150,6 +150,7 @@ class SQLiteArchive:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(_SCHEMA)
+            self._db.create_function("casefold", 1, _casefold, deterministic=True)
         except (OSError, sqlite3.Error) as exc:
             raise ArchiveError(f"cannot open the archive {str(self.path)!r}: "
                                f"{type(exc).__name__}: {exc}") from exc
@@ -185,18 +186,27 @@ class SQLiteArchive:
             return []
         with self._lock:
             rows = self._db.execute(
-                "SELECT handle, text, skim FROM dropped WHERE instr(lower(text), lower(?)) > 0 "
-                "ORDER BY seq DESC LIMIT ?", (query, max(0, limit))).fetchall()
-        needle = query.casefold()  # sqlite's lower() is ASCII-only: confirm in Python
-        return [ArchivedItem(*r) for r in rows if needle in r[1].casefold()]
+                "SELECT handle, text, skim FROM dropped WHERE instr(casefold(text), ?) > 0 "
+                "ORDER BY seq DESC LIMIT ?", (query.casefold(), max(0, limit))).fetchall()
+        return [ArchivedItem(*r) for r in rows]
 
     def __len__(self) -> int:
         with self._lock:
             return int(self._db.execute("SELECT count(*) FROM dropped").fetchone()[0])
 
     def close(self) -> None:
+        """Close the connection (``open_archive`` opens a new one for this path after)."""
+        with _open_lock:
+            for key, found in list(_open.items()):
+                if found is self:
+                    del _open[key]
         with self._lock:
             self._db.close()
+
+
+def _casefold(text: object) -> str:
+    """Case-insensitive search beyond ASCII (sqlite's ``lower`` folds ASCII only)."""
+    return text.casefold() if isinstance(text, str) else ""
 
 
 def _touch_private(path: Path) -> None:
@@ -207,14 +217,24 @@ def _touch_private(path: Path) -> None:
         os.chmod(path, 0o600)
 
 
+_open: dict[str, SQLiteArchive] = {}
+_open_lock = threading.Lock()
+
+
 def open_archive(spec: object) -> Archive | None:
-    """The archive a strategy setting names (see the module docstring)."""
+    """The archive a strategy setting names (see the module docstring); a path opens one
+    ``SQLiteArchive`` per file and process, shared by every strategy naming it."""
     if spec is False:
         return None
     if spec is None or spec == ":memory:":
         return MemoryArchive()
     if isinstance(spec, (str, os.PathLike)):
-        return SQLiteArchive(spec)
+        key = os.path.realpath(os.path.expanduser(os.fspath(spec)))
+        with _open_lock:  # one connection per file and process (a proxy has many engines)
+            found = _open.get(key)
+            if found is None:
+                found = _open[key] = SQLiteArchive(key)
+        return found
     if isinstance(spec, Archive):
         return spec
     raise ConfigError(f"archive must be a path, ':memory:', False or an object with "

@@ -77,12 +77,12 @@ class CliffLevel:
 
 DEFAULT_LEVELS = (
     CliffLevel(),
-    CliffLevel(assistant_max=3_000, thinking_max=0, call_args_max=300, result_keep=300,
-               result_max=500, keep_superseded=False),
-    CliffLevel(assistant_max=2_000, thinking_max=0, call_args_max=200, result_keep=150,
+    CliffLevel(assistant_max=3_000, thinking_max=0, call_args_max=300, result_keep=500,
+               result_max=400, keep_superseded=False),
+    CliffLevel(assistant_max=2_000, thinking_max=0, call_args_max=200, result_keep=500,
                result_max=0, keep_superseded=False),
-    CliffLevel(human_max=4_000, assistant_max=400, thinking_max=0, call_args_max=150,
-               result_keep=80, result_max=0, keep_superseded=False),
+    CliffLevel(human_max=4_000, assistant_max=600, thinking_max=0, call_args_max=150,
+               result_keep=200, result_max=0, keep_superseded=False),
 )
 
 
@@ -222,24 +222,38 @@ class _Context:
 
     turn_starts: tuple[int, ...]
     calls: dict[str, tuple[str, str]]  # call ref -> (tool name, arguments)
+    results: dict[str, Part]  # call ref -> the result answering it
     superseded: frozenset[str]  # refs of calls repeated later
+    rendered_calls: frozenset[str]  # refs of calls among the items rendered
 
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item]) -> _Context:
         dialect = request.dialect
         calls: dict[str, tuple[str, str]] = {}
+        results: dict[str, Part] = {}
         order: list[tuple[str, str]] = []  # (key, ref) of every call, in order
         for message in request.messages:
-            if not dialect.tool_call_ids(message):
+            if not (dialect.tool_call_ids(message) or dialect.tool_result_ids(message)):
                 continue
             for part in dialect.parts(message):
                 if part.kind == "tool_call":
                     calls[part.ref] = (part.name, part.text)
                     order.append((_call_key(part.name, part.text), part.ref))
+                elif part.kind == "tool_result":
+                    results[part.ref] = part
         last = {key: ref for key, ref in order}
         superseded = frozenset(ref for key, ref in order if last[key] != ref)
         starts = split_turns(request.messages, dialect).starts
-        return cls(starts, calls, superseded)
+        rendered = frozenset(p.ref for it in items if it.override is None and not it.pinned
+                             for p in it.parts if p.kind == "tool_call")
+        return cls(starts, calls, results, superseded, rendered)
+
+    def skims_result(self, ref: str, caps: CliffLevel) -> bool:
+        """True when the result of call ``ref`` is left out at ``caps``."""
+        part = self.results.get(ref)
+        if part is None or len(part.text) <= caps.result_keep:
+            return False
+        return not caps.result_max or (ref in self.superseded and not caps.keep_superseded)
 
     def turn(self, index: int) -> int:
         return bisect.bisect_right(self.turn_starts, index)
@@ -256,6 +270,13 @@ def _call_key(name: str, args: str) -> str:
             if isinstance(value.get(key), str):
                 return f"{name}\x00{key}\x00{value[key]}"
     return f"{name}\x00{args}"
+
+
+def _result_note(context: _Context, item: _Item, result: Part) -> str:
+    """``[→ turn T · SIZE · expand HANDLE]``: a call's result left out, named on the call."""
+    superseded = " · superseded" if result.ref in context.superseded else ""
+    return (f"[→ turn {context.turn(item.index)} · {_size_note(result.text)}{superseded} · "
+            f"expand {handle_of(result.text)}]")
 
 
 def _size_note(text: str) -> str:
@@ -316,16 +337,19 @@ def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel
         return [(False, "[thinking] "), *_cap(text, caps.thinking_max)], True
     if kind == "tool_call":
         args = _cap(text, caps.call_args_max, inline=True) if text else []
-        return [(False, "[tool call "), (True, part.name), (False, "] "), *args], \
-            len(text) > caps.call_args_max
+        out = [(False, "[tool call "), (True, part.name), (False, "] "), *args]
+        if context.skims_result(part.ref, caps):  # the result's handle, on the call's line
+            out.append((False, " " + _result_note(context, item, context.results[part.ref])))
+        return out, len(text) > caps.call_args_max
     if kind == "tool_result":
-        if len(text) <= caps.result_keep:
-            return ([(True, text)] if text else []), False
-        if part.ref in context.superseded and not caps.keep_superseded:
-            return [(False, _skim_line(context, item, part, "superseded"))], True
-        if not caps.result_max:
-            return skim, True
-        return _cap(text, caps.result_max), True
+        if not context.skims_result(part.ref, caps):
+            if len(text) <= caps.result_keep:
+                return ([(True, text)] if text else []), False
+            return _cap(text, caps.result_max), True
+        if part.ref in context.rendered_calls:
+            return [], True  # named on its call's line
+        note = "superseded" if part.ref in context.superseded else ""
+        return [(False, _skim_line(context, item, part, note))], True
     if kind == "image":
         return [(False, "[image omitted]")], False
     return [], False

@@ -48,6 +48,9 @@ class ProxyConfig:
     :param connect_timeout: seconds to connect to an upstream.
     :param read_timeout: seconds between two bytes of an upstream answer.
     :param log_requests: emit one JSON log line per handled request.
+    :param archive: SQLite file where the cliff strategy archives what it drops or
+        truncates (``strategy_options["archive"]``); ``agentcompact mcp --archive`` serves
+        expand from it.
     """
 
     host: str = "127.0.0.1"
@@ -68,8 +71,11 @@ class ProxyConfig:
     connect_timeout: float = 30.0
     read_timeout: float = 600.0
     log_requests: bool = True
+    archive: str | None = None
 
     def __post_init__(self) -> None:
+        if self.archive and "archive" not in self.strategy_options:
+            self.strategy_options = {**self.strategy_options, "archive": self.archive}
         if self.trigger <= 0:
             raise ConfigError(f"trigger must be a positive token count, got {self.trigger}")
         if self.target is not None and not 0 < self.target <= self.trigger:
