@@ -51,6 +51,7 @@ DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traject
 CLAUDE = sorted((DATA / "claude-code").glob("*-*-*-*-*.jsonl"))
 KINDS = ("safety rule", "user rule", "path", "command", "number", "decision")
 _HANDLE = re.compile(r"ac-[0-9a-f]{12}")
+VERBOSE = False
 
 
 def canaries(tag: str) -> dict[str, str]:
@@ -201,6 +202,8 @@ def run(messages: list[Any], trigger: int, target: int | None, meter: MessageMet
             inside = string in last_sent[k]
             tally.survived[kind] += inside
             tally.expandable[kind] += inside or (k == 0 and _reachable(string, handles, archive))
+            if VERBOSE and not inside:
+                print(f"  lost by {('agentcompact', 'CliffCompaction')[k]}: {kind} {string!r}")
     ours.cost += costs[0].cost
     theirs.cost += costs[1].cost
 
@@ -211,7 +214,10 @@ def main() -> None:
     parser.add_argument("--target", type=int, default=None, help="default: the Budget's")
     parser.add_argument("--depths", type=float, nargs="*", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     parser.add_argument("--sessions", type=int, default=len(CLAUDE))
+    parser.add_argument("--verbose", action="store_true", help="name each canary lost")
     args = parser.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
     if not CLAUDE:
         raise SystemExit(f"shared data absent: {DATA}")
     meter = MessageMeter(TiktokenCounter(), get_dialect("anthropic"))

@@ -81,8 +81,10 @@ DEFAULT_LEVELS = (
                result_max=400, keep_superseded=False),
     CliffLevel(assistant_max=2_000, thinking_max=0, call_args_max=200, result_keep=500,
                result_max=0, keep_superseded=False),
-    CliffLevel(human_max=4_000, assistant_max=600, thinking_max=0, call_args_max=150,
-               result_keep=200, result_max=0, keep_superseded=False),
+    CliffLevel(human_max=8_000, assistant_max=800, thinking_max=0, call_args_max=150,
+               result_keep=250, result_max=0, keep_superseded=False),
+    CliffLevel(human_max=4_000, assistant_max=300, thinking_max=0, call_args_max=120,
+               result_keep=120, result_max=0, keep_superseded=False),
 )
 
 
@@ -273,10 +275,12 @@ def _call_key(name: str, args: str) -> str:
 
 
 def _result_note(context: _Context, item: _Item, result: Part) -> str:
-    """``[→ turn T · SIZE · expand HANDLE]``: a call's result left out, named on the call."""
+    """``[→ SIZE · expand HANDLE]``: a call's result left out, named on the call's line
+    (which gives the tool and its arguments)."""
     superseded = " · superseded" if result.ref in context.superseded else ""
-    return (f"[→ turn {context.turn(item.index)} · {_size_note(result.text)}{superseded} · "
-            f"expand {handle_of(result.text)}]")
+    lines = result.text.count("\n") + 1
+    size = f"{lines} lines" if lines > 1 else f"{len(result.text)} chars"
+    return f"[→ {size}{superseded} · expand {handle_of(result.text)}]"
 
 
 def _size_note(text: str) -> str:
@@ -416,8 +420,8 @@ def _estimate(block: Sequence[Seg], rate: float) -> int:
 
 def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], budget: int
          ) -> list[int]:
-    """Oldest first, items become skim lines, then go: non-human ones first, human ones
-    next, pinned ones never."""
+    """Oldest first, bulky items become skim lines, then items go: non-human ones first,
+    human ones next, pinned ones never."""
     forms = [_FULL if s else _OMIT for s in sizes]
     total = sum(s + 1 for s in sizes if s)
     for humans in (False, True):
@@ -428,8 +432,8 @@ def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], bud
                 if forms[i] > form and not item.pinned and \
                         (item.role in _HUMAN_ROLES) == humans:
                     now = sizes[i] if forms[i] == _FULL else skims[i]
-                    if form == _SKIM and skims[i] >= now:
-                        continue
+                    if form == _SKIM and skims[i] > now // 2:
+                        continue  # skim lines only where they save half: bulky items
                     total -= now - cost[i] + (1 if form == _OMIT else 0)
                     forms[i] = form
     return forms
