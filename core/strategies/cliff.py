@@ -55,7 +55,8 @@ _LABELS = {"user": "[user]", "assistant": "[assistant]", "tool": "[tool result]"
            "system": "[system]", "developer": "[developer]"}
 _EXCERPT = 80  # characters of a call's arguments in a skim line
 _KEY_ARGS = ("file_path", "path", "notebook_path", "command", "cmd", "url", "pattern")
-_TAIL_ARCHIVE_CHARS = 2_000  # kept parts longer than this may be truncated by the engine
+_TAIL_TRUNCATABLE = 1_000  # tokens: kept messages above this the engine may truncate
+_TAIL_MIN_CHARS = 200  # ... down to about this many characters a part
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ class _Context:
     calls: dict[str, tuple[str, str]]  # call ref -> (tool name, arguments)
     results: dict[str, Part]  # call ref -> the result answering it
     superseded: frozenset[str]  # refs of calls repeated later
-    rendered_calls: frozenset[str]  # refs of calls among the items rendered
+    call_items: dict[str, int]  # call ref -> position of the item holding the call
 
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item]) -> _Context:
@@ -246,8 +247,8 @@ class _Context:
         last = {key: ref for key, ref in order}
         superseded = frozenset(ref for key, ref in order if last[key] != ref)
         starts = split_turns(request.messages, dialect).starts
-        rendered = frozenset(p.ref for it in items if it.override is None and not it.pinned
-                             for p in it.parts if p.kind == "tool_call")
+        rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
+                    and not it.pinned for p in it.parts if p.kind == "tool_call"}
         return cls(starts, calls, results, superseded, rendered)
 
     def skims_result(self, ref: str, caps: CliffLevel) -> bool:
@@ -315,6 +316,8 @@ class _Block:
     archived: list[ArchivedItem]  # originals of what ``full`` leaves out or cuts
     skimmed: list[ArchivedItem]  # originals of every part (for ``skim`` or omission)
     cut: bool = False  # ``full`` truncates or skims something
+    alone: list[Seg] | None = None  # ``full`` when the items holding the calls are not
+    call_items: frozenset[int] = frozenset()  # ... (their positions) rendered in full
 
 
 def _archived(context: _Context, item: _Item, part: Part, note: str = "") -> ArchivedItem:
@@ -325,9 +328,10 @@ def _cap(text: str, limit: int, inline: bool = False) -> list[Seg]:
     return truncation_pieces(text, limit, inline=inline, handle=handle_of(text))
 
 
-def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel
-                 ) -> tuple[list[Seg], bool]:
-    """The part's segments at ``caps``, and whether they leave something out."""
+def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel,
+                 on_call: bool = True) -> tuple[list[Seg], bool]:
+    """The part's segments at ``caps``, and whether they leave something out (with
+    ``on_call``, a result left out is named on its call's line, not here)."""
     if item.pinned and part.text:
         return [(True, part.text)], False
     kind, text = part.kind, part.text
@@ -350,7 +354,7 @@ def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel
             if len(text) <= caps.result_keep:
                 return ([(True, text)] if text else []), False
             return _cap(text, caps.result_max), True
-        if part.ref in context.rendered_calls:
+        if on_call and part.ref in context.call_items:
             return [], True  # named on its call's line
         note = "superseded" if part.ref in context.superseded else ""
         return [(False, _skim_line(context, item, part, note))], True
@@ -378,23 +382,34 @@ def _render(request: CompactionRequest, context: _Context, item: _Item, caps: Cl
     if item.override is not None:
         full = _join(label, [[(True, piece)] for piece in item.override])
         return _Block(full, skim, skimmed, skimmed, True)
-    pieces, archived, cut = [], [], False
-    for part, segs_cut in ((p, _render_part(context, item, p, caps)) for p in item.parts):
-        segs, left_out = segs_cut
+    pieces, alone, archived, cut = [], [], [], False
+    calls: set[int] = set()
+    for part in item.parts:
+        segs, left_out = _render_part(context, item, part, caps)
         pieces.append(segs)
         if left_out and part.text:
             archived.append(_archived(context, item, part))
             cut = True
-    return _Block(_join(label, pieces), skim, archived, skimmed, cut)
+        if part.kind == "tool_result" and not segs and part.ref in context.call_items:
+            calls.add(context.call_items[part.ref])
+            segs = _render_part(context, item, part, caps, on_call=False)[0]
+        alone.append(segs)
+    block = _Block(_join(label, pieces), skim, archived, skimmed, cut)
+    if calls:
+        block.alone, block.call_items = _join(label, alone), frozenset(calls)
+    return block
 
 
 def _tail_items(request: CompactionRequest) -> list[ArchivedItem]:
-    """Originals of long kept parts: the engine may truncate them (``Dialect.truncate``
-    names their handle), so an expand must find them."""
+    """Originals of the kept messages the engine may truncate (over ``_TAIL_TRUNCATABLE``
+    tokens): ``Dialect.truncate`` names their handle, so an expand must find them."""
+    tail = request.messages[request.cut:]
     out = []
-    for message in request.messages[request.cut:]:
+    for message, tokens in zip(tail, request.meter.measure(tail).tokens):
+        if tokens <= _TAIL_TRUNCATABLE:
+            continue
         for part in request.dialect.parts(message):
-            if len(part.text) > _TAIL_ARCHIVE_CHARS and part.kind in ("text", "tool_result"):
+            if len(part.text) > _TAIL_MIN_CHARS and part.kind in ("text", "tool_result"):
                 out.append(ArchivedItem(handle_of(part.text), part.text))
     return out
 
@@ -447,6 +462,9 @@ def _assemble(blocks: Sequence[_Block], forms: Sequence[int]) -> list[Seg]:
                            "finds their text …]"))
     for block, form in zip(blocks, forms):
         segs = block.full if form == _FULL else block.skim if form == _SKIM else []
+        if form == _FULL and block.alone is not None and any(
+                forms[k] != _FULL for k in block.call_items):
+            segs = block.alone  # the results' calls are not there to name them
         if segs:
             out.append((False, "\n\n"))
             out.extend(segs)
