@@ -129,8 +129,8 @@ class CliffStrategy:
                 break
             level += 1
         skims = [_estimate(b.skim, rate) for b, rate in zip(blocks, rates)]
-        floor = min(self.human_floor_tokens, sum(
-            s for s, it in zip(sizes, items) if it.pinned or it.role in _HUMAN_ROLES))
+        floor = min(self.human_floor_tokens, sum(  # estimates: a margin for labels
+            s + 8 for s, it in zip(sizes, items) if it.pinned or it.role in _HUMAN_ROLES))
         budget = max(budget, floor)
         # Sizes are estimated from each original's tokens per character; the exact count
         # of the assembled message corrects the estimate (a few refits at most).
