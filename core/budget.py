@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["Budget"]
+__all__ = ["DEFAULT_TARGET_SHARE", "Budget"]
+
+#: The default target keeps the fixed part of a request (system prompt, tool schemas,
+#: instruction items: what compaction cannot shrink) plus this share of the rest of the
+#: trigger: ``target = fixed + DEFAULT_TARGET_SHARE * (trigger - fixed)``. A quarter was
+#: the cheapest setting with prompt caching on the sessions in benchmarks/README.md.
+DEFAULT_TARGET_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,9 +25,10 @@ class Budget:
     """Token budget of an engine.
 
     :param trigger_tokens: compact when the context to send is larger than this.
-    :param target_tokens: size to bring it down to; default a quarter of the trigger (the
-        cheapest setting with prompt caching on the sessions in benchmarks/README.md:
-        fewer tokens re-read per call outweigh the more frequent cache writes).
+    :param target_tokens: size to bring it down to; default the fixed part of the request
+        plus ``DEFAULT_TARGET_SHARE`` (a quarter) of what the trigger leaves besides it
+        (:meth:`target_for`; with nothing fixed, a quarter of the trigger: the cheapest
+        setting with prompt caching on the sessions in benchmarks/README.md).
     :param min_recent_turns: turns always kept verbatim at the end, whatever it costs.
     :param recent_turns: turns kept verbatim when they fit (escalation goes down to
         ``min_recent_turns``).
@@ -61,7 +68,18 @@ class Budget:
 
     @property
     def target(self) -> int:
-        return self.target_tokens if self.target_tokens is not None else self.trigger_tokens // 4
+        """The target with nothing fixed (``target_for(0)``)."""
+        return self.target_for(0)
+
+    def target_for(self, fixed: int) -> int:
+        """The target for a request whose fixed part (system prompt, tools, instructions
+        the engine keeps) is ``fixed`` tokens: ``target_tokens`` when given, else
+        ``fixed + DEFAULT_TARGET_SHARE * (trigger - fixed)`` (``fixed`` when the fixed
+        part alone reaches the trigger)."""
+        if self.target_tokens is not None:
+            return self.target_tokens
+        fixed = max(0, fixed)
+        return fixed + int(DEFAULT_TARGET_SHARE * max(0, self.trigger_tokens - fixed))
 
     @property
     def limit(self) -> int:

@@ -18,13 +18,16 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import inspect
 import itertools
+import logging
 import operator
+import re
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -32,17 +35,20 @@ import pluggy
 import xxhash
 
 from .budget import Budget
-from .dialects.base import Dialect
-from .errors import AgentCompactError, ConfigError, OverBudgetError
-from .events import CompactionEvent, DroppedItem
+from .dialects.base import Dialect, json_text
+from .errors import AgentCompactError, ConfigError, OverBudgetError, PluginError
+from .events import CompactionEvent, DroppedItem, new_id
+from .markers import COMPACTION_HEADER
 from .pluginmanager import get_plugin_manager, registry
 from .store import InMemoryPrefixStore, PrefixEntry, PrefixStore, chain_digests
 from .strategies.base import CompactionRequest, Rendered
 from .strategies.cliff import CliffStrategy
 from .tokens import MessageMeter, TokenCounter, make_counter
-from .turns import split_turns, validate
+from .turns import loop_start, problems, split_turns, starts_with_thinking, thinking_loop_error
 
-__all__ = ["CompactionResult", "Engine"]
+__all__ = ["CompactionResult", "Engine", "describe_error"]
+
+log = logging.getLogger("agentcompact")
 
 _TAIL_SHARE = 0.75  # kept turns may use this share of the target; the rest is for rendering
 _TRUNCATE_FLOOR = 1_000  # tokens: kept messages above this may be truncated (last resort)
@@ -97,6 +103,8 @@ class _State:
             return view.prefix[end] + view.fixed
         total = view.fixed + view.prefix[e.head_len] + e.message_tokens
         total += view.prefix[end] - view.prefix[e.cut]
+        for idx in e.kept:
+            total += view.tokens[idx]
         for idx, (digest, _, tokens) in e.overrides.items():
             if idx < end and view.digests[idx] == digest:
                 total += tokens - view.tokens[idx]
@@ -108,6 +116,8 @@ class _State:
         if e is None:
             return msgs[:end]
         out = msgs[: e.head_len]
+        if e.kept:
+            out += [msgs[i] for i in e.kept]
         if e.message is not None:
             out.append(e.message)
         tail = msgs[e.cut : end]
@@ -117,8 +127,100 @@ class _State:
         return out + tail
 
 
-_Pipeline = Generator[CompactionRequest, tuple[Rendered | None, str | None],
-                      tuple[_View, int, _State, list[CompactionEvent]]]
+@dataclass(frozen=True)
+class _Plan:
+    """Outcome of "plan the cut": compact ``messages[:c]`` by sending ``[:head_len]``,
+    the span's ``kept`` messages verbatim, the strategy's message (``budget_tokens``) and
+    ``[cut:c]`` (``overrides``: kept messages truncated to make room)."""
+
+    c: int
+    head_len: int
+    span_start: int
+    cut: int
+    kept: tuple[int, ...]
+    pinned: tuple[int, ...]  # pinned messages of the span (their text must be in the message)
+    pins: tuple[int, ...]  # every pinned message of [head_len, c): never truncated
+    recent_turns: int
+    target: int
+    budget_tokens: int
+    overrides: tuple[tuple[int, tuple[str, Any, int]], ...]
+    reason: str
+    level: int
+    before: int
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """Outcome of "validate" for one rung: the entry, and the problem that rejects it."""
+
+    entry: PrefixEntry | None
+    rung: str
+    rendered: Rendered | None
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the pipeline hands to "assemble": the view, the tokens that would have been
+    sent, the state (stored entry in force) and the compaction events."""
+
+    view: _View
+    before: int
+    state: _State
+    events: tuple[CompactionEvent, ...]
+
+
+_Pipeline = Generator[tuple[str, CompactionRequest], tuple[Rendered | None, str | None],
+                      _Outcome]
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_FINGERPRINT_HOOKS = ("agentcompact_pin", "agentcompact_render_message",
+                      "agentcompact_summary_prompt")
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error for events and logs: its type, and its message only for agentcompact's own
+    errors (which name the problem by index, type or field, never by content). A foreign
+    exception's message may quote the history: it is left out."""
+    if isinstance(exc, AgentCompactError):
+        return f"{type(exc).__name__}: {exc}"
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:  # where it was raised: a function and a line, never a value
+        code = tb.tb_frame.f_code
+        where = f" in {code.co_name} ({code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})"
+    return f"{type(exc).__name__}{where} (message withheld: it may quote the history)"
+
+
+def _rendered_or_error(rendered: Any) -> tuple[Rendered | None, str | None]:
+    if not isinstance(getattr(rendered, "tokens", None), int) or not hasattr(rendered,
+                                                                              "message"):
+        return None, (f"PluginError: the strategy returned a {type(rendered).__name__}, not "
+                      "a Rendered")
+    return rendered, None
+
+
+def _thinking_safe(cuts: list[int], msgs: Sequence[Any], c: int, dialect: Dialect) -> list[int]:
+    """The cuts that keep the thinking-loop rule: when the tool loop running at ``c``
+    starts with thinking, a cut inside it must land on a message starting with thinking."""
+    start = loop_start(msgs, dialect, c)
+    if start is None or not starts_with_thinking(msgs[start], dialect):
+        return cuts
+    # not even at ``c`` itself: the loop's next steps would follow the compaction message
+    return [s for s in cuts if s <= start or (s < c and starts_with_thinking(msgs[s], dialect))]
+
+
+def _stable_repr(value: Any, depth: int = 0) -> str:
+    """A repr without memory addresses (the same in every process)."""
+    if depth < 3 and hasattr(value, "__dict__") and not isinstance(value, type):
+        items = sorted((str(k), _stable_repr(v, depth + 1)) for k, v in vars(value).items())
+        return f"{type(value).__qualname__}{items}"
+    if depth < 3 and isinstance(value, dict):
+        return "{" + ",".join(sorted(f"{k!r}:{_stable_repr(v, depth + 1)}"
+                                     for k, v in value.items())) + "}"
+    return _ADDRESS.sub("", repr(value))
 
 
 def _strategy_settings(settings: dict[str, Any] | None, summarizer: Any,
@@ -213,6 +315,7 @@ class Engine:
         self.budget = _make_budget(budget, trigger_tokens, target_tokens)
         settings = _strategy_settings(strategy_settings, summarizer, base_url=base_url,
                                       model=model, api_key=api_key)
+        self._settings = settings
         if isinstance(strategy, str):
             factory = reg.strategy_factory(strategy)
             _check_settings(strategy, factory, settings)
@@ -245,6 +348,60 @@ class Engine:
         self._by_json = type(self.dialect).digest is Dialect.digest
         self._fixed_cache: dict[str, int] = {}
         self._fixed_last: tuple[tuple[Any, Any, Any], int] | None = None
+        self._warned = False
+        self._min_budget = _min_budget(self.strategy)
+        self._plugins_key: tuple[int, ...] | None = None
+        self._seed = ""
+        self._refresh_seed()
+
+    # --- store scope: configuration fingerprint and episode ---------------------------
+    def fingerprint(self) -> str:
+        """A digest of everything that changes this engine's output for a given history:
+        the strategy and its settings, the budget, the dialect, the counter, the plugins
+        that pin or render, output validation. It seeds the chain digests that key the
+        prefix store (with the episode), so engines of other settings sharing a store
+        never reuse each other's compactions."""
+        strategy = self.strategy
+        own = getattr(strategy, "fingerprint", None)
+        if callable(own):
+            own = own()
+        settings = own if isinstance(own, str) else _stable_repr(
+            self._settings if self._settings else strategy)
+        plugins = sorted(
+            f"{name}:{self.pm.get_name(impl.plugin)}:{impl.function.__qualname__}"
+            for name in _FINGERPRINT_HOOKS
+            for impl in getattr(self.pm.hook, name).get_hookimpls())
+        parts = ["agentcompact-store-2", self.strategy_name,
+                 f"{type(strategy).__module__}.{type(strategy).__qualname__}", settings,
+                 repr(self.budget), self.dialect.name,
+                 f"{type(self.dialect).__module__}.{type(self.dialect).__qualname__}",
+                 str(getattr(self.counter, "name", type(self.counter).__qualname__)),
+                 str(self.validate_output), *plugins]
+        return xxhash.xxh3_128_hexdigest("\x00".join(parts).encode("utf-8", "surrogatepass"))
+
+    def new_episode(self, episode_id: str | None = None) -> str:
+        """Start a new episode (an RL rollout, a new task on a reused client): later
+        compactions are stored under a scope of their own, so nothing compacted in an
+        earlier episode is reused, and events carry the new ``episode_id`` (default: a
+        fresh id). Returns it. ``Engine(episode_id=...)`` scopes from the start."""
+        with self._lock:
+            self.episode_id = episode_id if episode_id is not None else new_id()
+            self._refresh_seed(force=True)
+        return self.episode_id
+
+    def _refresh_seed(self, force: bool = False) -> None:
+        """Recompute the store seed when the plugins that shape the output changed."""
+        key = tuple(id(impl.function) for name in _FINGERPRINT_HOOKS
+                    for impl in getattr(self.pm.hook, name).get_hookimpls())
+        if not force and key == self._plugins_key:
+            return
+        self._plugins_key = key
+        seed = xxhash.xxh3_128_hexdigest(
+            f"{self.fingerprint()}\x00{self.episode_id or ''}".encode("utf-8", "surrogatepass"))
+        if seed != self._seed:
+            self._seed = seed
+            self._last_view = None
+            self._scan = None
 
     @property
     def strategy_name(self) -> str:
@@ -291,7 +448,7 @@ class Engine:
         last = self._fixed_last
         if last is not None and all(map(operator.is_, values, last[0])):
             return last[1]
-        texts = [value if isinstance(value, str) else orjson.dumps(value).decode()
+        texts = [value if isinstance(value, str) else json_text(value)
                  for value in values if value]
         cached = 0
         if texts:
@@ -354,8 +511,7 @@ class Engine:
         """``precompact`` for async code (awaits strategies that define ``acompact``)."""
         return await self._adrive(self._precompact_pipeline(messages))
 
-    def _precompact_pipeline(self, messages: Sequence[Any]
-                             ) -> _Pipeline:
+    def _precompact_pipeline(self, messages: Sequence[Any]) -> _Pipeline:
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
         view = self._view(messages)
@@ -365,75 +521,79 @@ class Engine:
         starts = split_turns(view.messages, self.dialect).starts
         entry, event = yield from self._compact_at(view, starts, n, state, "background", 0)
         if entry is not None:
-            self.store.put(view.chain[entry.cut - 1], entry)
+            self.store.put(view.chain[entry.cut - 1], entry)  # validated: see _check
             state = _State(entry)
-        return view, before, state, [event] if event is not None else []
+        return _Outcome(view, before, state, (event,) if event is not None else ())
 
     # --- driving a pipeline: the only difference between the sync and async APIs -------
+    # ``_finish`` runs outside the ``except StopIteration``: an error it raises (strict
+    # mode, a raising ``on_compaction`` plugin) must not chain the StopIteration, whose
+    # value holds the whole history.
     def _drive(self, gen: _Pipeline) -> CompactionResult:
         try:
-            request = next(gen)
+            step = next(gen)
             while True:
-                request = gen.send(self._render_sync(request))
+                step = gen.send(self._render_sync(*step))
         except StopIteration as stop:
-            return self._finish(stop.value)
+            outcome: _Outcome = stop.value
+        return self._finish(outcome)
 
     async def _adrive(self, gen: _Pipeline) -> CompactionResult:
         try:
-            request = next(gen)
+            step = next(gen)
             while True:
-                request = gen.send(await self._render_async(request))
+                step = gen.send(await self._render_async(*step))
         except StopIteration as stop:
-            return self._finish(stop.value)
+            outcome: _Outcome = stop.value
+        return self._finish(outcome)
 
-    # --- rendering with fallbacks -----------------------------------------------------
-    def _render_sync(self, request: CompactionRequest) -> tuple[Rendered | None, str | None]:
+    # --- rendering: one rung of the fallback chain ----------------------------------
+    def _strategy_for(self, rung: str) -> Any:
+        return self.strategy if rung == "strategy" else self._fallback
+
+    def _render_sync(self, rung: str, request: CompactionRequest
+                     ) -> tuple[Rendered | None, str | None]:
+        strategy = self._strategy_for(rung)
         try:
-            rendered = self.strategy.compact(request)
+            rendered = strategy.compact(request)
             if inspect.isawaitable(rendered):
+                close = getattr(rendered, "close", None)
+                if close is not None:
+                    close()
                 raise ConfigError(f"strategy {self.strategy_name!r} is async-only: use acompact")
-            return rendered, None
-        except Exception as exc:  # fail-open: any strategy error falls back to cliff
-            return self._fallback_render(request, exc)
+            return _rendered_or_error(rendered)
+        except Exception as exc:  # fail-open: the next rung renders
+            return None, describe_error(exc)
 
-    async def _render_async(self, request: CompactionRequest
+    async def _render_async(self, rung: str, request: CompactionRequest
                             ) -> tuple[Rendered | None, str | None]:
+        strategy = self._strategy_for(rung)
         try:
-            acompact = getattr(self.strategy, "acompact", None)
+            acompact = getattr(strategy, "acompact", None)
             if acompact is not None:
-                return await acompact(request), None
-            rendered = self.strategy.compact(request)
+                return _rendered_or_error(await acompact(request))
+            rendered = strategy.compact(request)
             if inspect.isawaitable(rendered):
                 rendered = await rendered
-            return rendered, None
+            return _rendered_or_error(rendered)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            return self._fallback_render(request, exc)
-
-    def _fallback_render(self, request: CompactionRequest, exc: Exception
-                         ) -> tuple[Rendered | None, str | None]:
-        error = f"{self.strategy_name}: {type(exc).__name__}: {exc}"
-        if self.strategy_name == "cliff" and isinstance(self.strategy, CliffStrategy):
-            return None, error
-        try:
-            return self._fallback.compact(request), error
-        except Exception as exc2:
-            return None, f"{error}; cliff fallback: {type(exc2).__name__}: {exc2}"
+            return None, describe_error(exc)
 
     # --- the pipeline ---------------------------------------------------------------
-    def _pipeline(self, messages: Sequence[Any], force: bool, fixed: int = 0
-                  ) -> _Pipeline:
+    # view → decide → plan the cut → render → validate → store → assemble → report.
+    def _pipeline(self, messages: Sequence[Any], force: bool, fixed: int = 0) -> _Pipeline:
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
-        view = self._view(messages)
+        view = self._view(messages)                                        # view
         view.fixed = fixed
         n = len(view.messages)
         state = _State(self._lookup(view, n))
         before = state.tokens_at(view, n)
         events: list[CompactionEvent] = []
-        if not (force or self._should_compact(view, state, n)):
-            return view, before, state, events
+        if not (force or self._should_compact(view, state, n)):           # decide
+            return _Outcome(view, before, state, ())
         turns = split_turns(view.messages, self.dialect)
         points = [s for s in turns.starts if s > (state.entry.cut if state.entry else 0)]
         if not points or points[-1] != n:
@@ -452,128 +612,308 @@ class Engine:
                                                        1 if force and last else 0)
             if event is not None:
                 events.append(event)
-            if entry is not None:
-                self.store.put(view.chain[entry.cut - 1], entry)
+            if entry is not None:                                          # store
+                self.store.put(view.chain[entry.cut - 1], entry)  # validated: see _check
                 state = _State(entry)
-        return view, before, state, events
+        return _Outcome(view, before, state, tuple(events))
 
     def _compact_at(
         self, view: _View, starts: Sequence[int], c: int, state: _State, reason: str, level: int,
-    ) -> Generator[CompactionRequest, tuple[Rendered | None, str | None],
+    ) -> Generator[tuple[str, CompactionRequest], tuple[Rendered | None, str | None],
                    tuple[PrefixEntry | None, CompactionEvent | None]]:
         t0 = time.perf_counter()
+        plan = self._plan(view, starts, c, state, reason, level)          # plan the cut
+        if plan is None:
+            return None, None
+        request = CompactionRequest(
+            messages=view.messages[:c], dialect=self.dialect, head_len=plan.head_len,
+            span_start=plan.span_start, cut=plan.cut, budget_tokens=plan.budget_tokens,
+            meter=self.meter, pm=self.pm, level=level, episode_id=self.episode_id,
+            reason=reason, kept=frozenset(plan.kept),
+        )
+        errors: list[str] = []
+        checked: _Checked | None = None
+        for rung in self._rungs:
+            rendered: Rendered | None
+            if rung == "safe":
+                rendered, error = self._safe_render(view, plan), None
+            else:
+                rendered, error = yield rung, request                      # render
+            if rendered is None:
+                errors.append(f"{self._rung_name(rung)}: {error}")
+                continue
+            checked = self._check(view, plan, rendered, rung)              # validate
+            if checked.problem is None:
+                break
+            errors.append(f"{self._rung_name(rung)}: {checked.problem}")
+            checked = None
+        entry = checked.entry if checked is not None else None
+        rung = checked.rung if checked is not None else "none"
+        event = self._event(view, plan, entry, rung, errors, t0,
+                            checked.rendered if checked is not None else None)
+        return entry, event
+
+    @property
+    def _rungs(self) -> tuple[str, ...]:
+        if isinstance(self.strategy, CliffStrategy) and self.strategy == self._fallback:
+            return ("strategy", "safe")  # the strategy is the default cliff: no second try
+        return ("strategy", "cliff", "safe")
+
+    def _rung_name(self, rung: str) -> str:
+        return self.strategy_name if rung == "strategy" else rung
+
+    def _plan(self, view: _View, starts: Sequence[int], c: int, state: _State, reason: str,
+              level: int) -> _Plan | None:
+        """Where to cut for a compaction at ``c``: the head, the span, the messages of the
+        span kept verbatim, how many recent turns stay, and the strategy's budget (made
+        at least the strategy's minimum when dropping turns or truncating the largest kept
+        tool output can make it so)."""
         msgs = view.messages
+        dialect = self.dialect
         turn_starts = [s for s in starts if s < c]
         if not turn_starts:
-            return None, None
+            return None
         head_len = turn_starts[0]
-        while head_len > 0 and self.dialect.is_synthetic(msgs[head_len - 1]):
+        while head_len > 0 and dialect.is_synthetic(msgs[head_len - 1]):
             head_len -= 1
         prev_cut = state.entry.cut if state.entry else turn_starts[0]
         cuts = [s for s in turn_starts if s > prev_cut] + [c]  # cuts[-1-r] keeps r turns
         budget = self.budget
-        before = state.tokens_at(view, c)
-        max_r = len(cuts) - 1
-        if max_r < budget.min_recent_turns:
-            return None, None  # nothing new to compact without breaking min_recent_turns
+        if dialect.thinking_loops():
+            cuts = _thinking_safe(cuts, msgs, c, dialect)
+        kept_turns = {s: len(turn_starts) - bisect.bisect_left(turn_starts, s) for s in cuts}
+        options = [s for s in cuts if kept_turns[s] >= budget.min_recent_turns]
+        if not options:
+            return None  # nothing new to compact without breaking min_recent_turns
+        is_kept = dialect.is_kept
         head = view.prefix[head_len] + view.fixed
-        r = min(budget.recent_turns, max_r)
-        while r > budget.min_recent_turns and (
-            head + view.prefix[c] - view.prefix[cuts[-1 - r]] > budget.target * _TAIL_SHARE
-        ):
-            r -= 1
-        cut = cuts[-1 - r]
-        tail = view.prefix[c] - view.prefix[cut]
-        request = CompactionRequest(
-            messages=msgs[:c], dialect=self.dialect, head_len=head_len, span_start=prev_cut,
-            cut=cut, budget_tokens=max(0, budget.target - head - tail), meter=self.meter,
-            pm=self.pm, level=level, episode_id=self.episode_id, reason=reason,
+        head_fixed = view.fixed + sum(view.tokens[i] for i in range(head_len) if is_kept(msgs[i]))
+        # the span's kept messages stay for every cut: only their set is cut-dependent
+        first = next((k for k, s in enumerate(options) if kept_turns[s] <= budget.recent_turns),
+                     len(options) - 1)
+        pins = self._pins(view, head_len, c)
+        # kept messages before the previous cut are the previous entry's; scan the rest once
+        known = tuple(i for i in state.entry.kept if i >= head_len) if state.entry else ()
+        scan_from = prev_cut if state.entry else head_len
+        candidates = known + tuple(i for i in range(scan_from, options[-1])
+                                   if self._kept_type(msgs[i]))
+        k = first
+        while True:
+            cut = options[k]
+            kept = tuple(i for i in candidates if i < cut)
+            kept_tokens = sum(view.tokens[i] for i in kept)
+            target = budget.target_for(head_fixed + kept_tokens)
+            tail = view.prefix[c] - view.prefix[cut]
+            room = target - head - kept_tokens - tail
+            if k == len(options) - 1 or (
+                head + kept_tokens + tail <= target * _TAIL_SHARE
+                and room >= self._min_budget
+            ):
+                break
+            k += 1
+        overrides: dict[int, tuple[str, Any, int]] = {}
+        if room < self._min_budget:  # make room: truncate the largest kept tool outputs
+            overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True,
+                                          pins=pins)
+            room += sum(view.tokens[i] - t for i, (_, _, t) in overrides.items())
+        return _Plan(
+            c=c, head_len=head_len, span_start=prev_cut, cut=cut, kept=kept,
+            pinned=tuple(i for i in pins if i < cut and i not in kept), pins=pins,
+            recent_turns=kept_turns[cut], target=target, budget_tokens=max(0, room),
+            overrides=tuple(sorted(overrides.items())), reason=reason, level=level,
+            before=state.tokens_at(view, c),
         )
-        rendered, error = yield request
-        if rendered is None:
-            event = self._event(view, state, before, before, head_len, cut, reason, r, t0,
-                                error=error, fallback="none")
-            return None, event
-        entry = PrefixEntry(head_len, cut, rendered.message, rendered.tokens,
-                            self.strategy_name if error is None else "cliff", rendered.level)
-        entry = self._truncate_tail(view, entry, c)
-        after = _State(entry).tokens_at(view, c)
-        event = self._event(view, state, before, after, head_len, cut, reason, r, t0,
-                            error=error, fallback="cliff" if error else None,
-                            items=rendered.items, entry=entry)
-        event.errors = list(getattr(rendered, "errors", None) or [])
-        return entry, event
 
-    def _truncate_tail(self, view: _View, entry: PrefixEntry, c: int) -> PrefixEntry:
+    def _pins(self, view: _View, head_len: int, end: int) -> tuple[int, ...]:
+        """Indices in ``[head_len, end)`` a plugin pins (``agentcompact_pin``)."""
+        hook = self.pm.hook.agentcompact_pin
+        if not hook.get_hookimpls():
+            return ()
+        out = []
+        for i in range(head_len, end):
+            message = view.messages[i]
+            if self.dialect.is_synthetic(message):
+                continue
+            if any(r is True for r in hook(message=message, index=i, dialect=self.dialect)):
+                out.append(i)
+        return tuple(out)
+
+    def _safe_render(self, view: _View, plan: _Plan) -> Rendered:
+        """The plain safe cut: a compaction message holding only the pinned messages'
+        text, verbatim (every original message of the span is otherwise dropped)."""
+        pieces = [COMPACTION_HEADER]
+        dropped = sum(1 for i in range(plan.head_len, plan.cut) if i not in plan.kept
+                      and i not in plan.pinned)
+        if dropped:
+            pieces.append(f"\n\n[… {dropped} earlier messages omitted …]")
+        for i in plan.pinned:
+            try:
+                texts = [p.text for p in self.dialect.parts(view.messages[i]) if p.text]
+            except Exception:  # unreadable: the pin check names it
+                texts = []
+            pieces.append("\n\n[pinned message, verbatim]\n" + "\n".join(texts))
+        text = "".join(pieces)
+        return Rendered(self.dialect.text_message(text), self.meter.count_text_message(text))
+
+    def _check(self, view: _View, plan: _Plan, rendered: Rendered, rung: str) -> _Checked:
+        """The invariants, for any strategy: the assembled output passes the dialect's
+        rules (problems inherited from the input aside) and the thinking-loop rule, every
+        pinned message's text is in the compaction message verbatim, the message is within
+        its budget (pinned text aside)."""
+        message = rendered.message
+        dialect = self.dialect
+        trusted = rung == "safe" or isinstance(self._strategy_for(rung), CliffStrategy)
+        try:  # the engine counts a third-party strategy's message itself
+            tokens = 0 if message is None else (
+                rendered.tokens if trusted else self.meter.count(message))
+            text = dialect.text_of(message) if message is not None and plan.pinned else ""
+        except Exception as exc:
+            return _Checked(None, rung, rendered,
+                            f"the compaction message cannot be read: {describe_error(exc)}")
+        name = self.strategy_name if rung == "strategy" else rung
+        entry = PrefixEntry(plan.head_len, plan.cut, message, tokens, name, rendered.level,
+                            dict(plan.overrides), plan.kept)
+        entry = self._truncate_tail(view, entry, plan)
+        out = _State(entry).messages_at(view, plan.c)
+        problem = self._validity(view, out, plan.c)
+        if problem is None:
+            for i in plan.pinned:
+                try:
+                    texts = [p.text for p in dialect.parts(view.messages[i]) if p.text]
+                except Exception:
+                    texts = [""]
+                if message is None or not all(t in text for t in texts):
+                    problem = f"pinned message {i} is not in the compaction message verbatim"
+                    break
+        if problem is None and message is not None:
+            pinned = sum(view.tokens[i] for i in plan.pinned)
+            allowed = plan.budget_tokens + pinned + max(64, plan.budget_tokens // 4)
+            if tokens > allowed:
+                problem = (f"the compaction message is {tokens} tokens, over its budget of "
+                           f"{plan.budget_tokens}")
+        return _Checked(entry, rung, rendered, problem)
+
+    def _validity(self, view: _View, out: list[Any], c: int) -> str | None:
+        dialect = self.dialect
+        if self.validate_output:
+            found = problems(out, dialect, allow_pending=True)
+            if found:
+                inherited = {key for key, _ in problems(view.messages[:c], dialect,
+                                                        allow_pending=True)}
+                new = [exc for key, exc in found if key not in inherited]
+                if new:
+                    return f"output failed validation: {new[0]}"
+        if dialect.thinking_loops():
+            return thinking_loop_error(view.messages, c, out, dialect)
+        return None
+
+    def _kept_type(self, message: Any) -> bool:
+        return self.dialect.is_kept(message) or self.dialect.is_synthetic(message)
+
+    def _shrink_tail(self, view: _View, cut: int, c: int, excess: int, *, tool_only: bool,
+                     pins: Sequence[int] = (),
+                     overrides: dict[int, tuple[str, Any, int]] | None = None
+                     ) -> dict[int, tuple[str, Any, int]]:
+        """Head+tail truncate the largest kept messages of ``[cut, c)`` until ``excess``
+        tokens are saved: messages of older kept turns first, the newest turn last;
+        instructions, opaque items and compaction messages never."""
+        out = dict(overrides or {})
+        newest = max((s for s in range(cut, c) if self._turn_start(view, s)), default=cut)
+        msgs = view.messages
+        for group in (range(cut, newest), range(newest, c)):
+            for _ in range(3):  # a truncation may land a little over: refine
+                size = {i: out[i][2] if i in out else view.tokens[i] for i in group}
+                saved = 0
+                for i in sorted(group, key=lambda i: -size[i]):
+                    current = size[i]
+                    if excess <= 0 or current <= _TRUNCATE_FLOOR // 2:
+                        break
+                    if (view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i])
+                            or i in pins):
+                        continue
+                    if tool_only and self.dialect.role(msgs[i]) != "tool":
+                        continue
+                    keep_tokens = max(_TRUNCATE_FLOOR // 2, current - excess)
+                    copy, new_tokens = self._shrink(msgs[i], view.tokens[i], keep_tokens)
+                    if copy is msgs[i] or new_tokens >= current:
+                        continue
+                    out[i] = (view.digests[i], copy, new_tokens)
+                    excess -= current - new_tokens
+                    saved += current - new_tokens
+                if excess <= 0 or not saved:
+                    break
+        return out
+
+    def _turn_start(self, view: _View, i: int) -> bool:
+        is_model = self.dialect.is_model_output
+        return is_model(view.messages[i]) and (i == 0 or not is_model(view.messages[i - 1]))
+
+    def _truncate_tail(self, view: _View, entry: PrefixEntry, plan: _Plan) -> PrefixEntry:
         """Last resort: head+tail truncate the largest kept messages until under target."""
-        state = _State(entry)
-        excess = state.tokens_at(view, c) - self.budget.target
+        excess = _State(entry).tokens_at(view, plan.c) - plan.target
         if excess <= 0:
             return entry
-        overrides = dict(entry.overrides)
-        order = sorted(range(entry.cut, c), key=lambda i: -view.tokens[i])
-        for i in order:
-            tokens = view.tokens[i]
-            if excess <= 0 or tokens <= _TRUNCATE_FLOOR:
-                break
-            message = view.messages[i]
-            keep_tokens = max(_TRUNCATE_FLOOR // 2, tokens - excess)
-            copy, new_tokens = self._shrink(message, tokens, keep_tokens)
-            if copy is message:
-                continue
-            overrides[i] = (view.digests[i], copy, new_tokens)
-            excess -= tokens - new_tokens
-        return PrefixEntry(entry.head_len, entry.cut, entry.message, entry.message_tokens,
-                           entry.strategy, entry.level, overrides)
+        overrides = self._shrink_tail(view, entry.cut, plan.c, excess, tool_only=False,
+                                      pins=plan.pins, overrides=entry.overrides)
+        return replace(entry, overrides=overrides)
 
     def _shrink(self, message: Any, tokens: int, keep_tokens: int) -> tuple[Any, int]:
         """Head+tail truncate ``message`` to about ``keep_tokens`` (a few refinements)."""
-        chars = max(200, len(self.dialect.text_of(message)) * keep_tokens // max(tokens, 1))
-        copy, size = message, tokens
-        for _ in range(4):
-            copy = self.dialect.truncate(message, chars)
-            size = self.meter.count(copy) if copy is not message else tokens
-            if size <= keep_tokens or chars <= 200:
-                break
-            chars = max(200, chars * keep_tokens // size - 16)
+        try:
+            chars = max(200, len(self.dialect.text_of(message)) * keep_tokens // max(tokens, 1))
+            copy, size = message, tokens
+            for _ in range(4):
+                copy = self.dialect.truncate(message, chars)
+                size = self.meter.count(copy) if copy is not message else tokens
+                if size <= keep_tokens or chars <= 200:
+                    break
+                chars = max(200, chars * keep_tokens // size - 16)
+        except Exception:  # a message the dialect cannot truncate stays as it is
+            return message, tokens
         return copy, size
 
-    def _event(
-        self, view: _View, state: _State, before: int, after: int, head_len: int, cut: int,
-        reason: str, r: int, t0: float, *, error: str | None = None,
-        fallback: str | None = None, items: list[DroppedItem] | None = None,
-        entry: PrefixEntry | None = None,
-    ) -> CompactionEvent:
-        dropped = list(items or [])
+    # --- report -----------------------------------------------------------------------
+    def _event(self, view: _View, plan: _Plan, entry: PrefixEntry | None, rung: str,
+               errors: list[str], t0: float, rendered: Rendered | None) -> CompactionEvent:
+        dropped = list(rendered.items) if rendered is not None and entry is not None else []
+        after = _State(entry).tokens_at(view, plan.c) if entry is not None else plan.before
         if entry is not None:
             for idx, (_, _, tokens) in sorted(entry.overrides.items()):
                 dropped.append(DroppedItem(idx, self.dialect.role(view.messages[idx]),
                                            "truncated", view.tokens[idx] - tokens))
-        n_after = (head_len + 1 + len(view.messages) - cut) if entry else len(view.messages)
-        return CompactionEvent(
-            strategy=self.strategy_name, dialect=self.dialect.name, tokens_before=before,
-            tokens_after=after, messages_before=len(view.messages), messages_after=n_after,
-            head_len=head_len, cut=cut, reason=reason,
-            level=entry.level if entry else 0, recent_turns=r,
+        n = len(view.messages)
+        n_after = (plan.head_len + len(entry.kept) + (entry.message is not None) + n - plan.cut
+                   if entry is not None else n)
+        event = CompactionEvent(
+            strategy=self.strategy_name, dialect=self.dialect.name,
+            tokens_before=plan.before, tokens_after=after, messages_before=n,
+            messages_after=n_after, head_len=plan.head_len, cut=plan.cut, reason=plan.reason,
+            level=entry.level if entry else 0, recent_turns=plan.recent_turns,
             over_budget=after > self.budget.limit, latency_s=time.perf_counter() - t0,
-            error=error, fallback=fallback, dropped=dropped, episode_id=self.episode_id,
+            error="; ".join(errors) if errors else None,
+            fallback=None if rung == "strategy" else rung, dropped=dropped,
+            episode_id=self.episode_id,
         )
+        if rendered is not None and entry is not None:
+            event.errors = [str(e) for e in (getattr(rendered, "errors", None) or [])]
+        return event
 
-    def _finish(self, outcome: tuple[_View, int, _State, list[CompactionEvent]]
-                ) -> CompactionResult:
-        view, before, state, events = outcome
+    def _finish(self, outcome: _Outcome) -> CompactionResult:                # assemble
+        view, state, events = outcome.view, outcome.state, list(outcome.events)
         n = len(view.messages)
         original = view.prefix[n] + view.fixed
         entry = state.entry
         out = state.messages_at(view, n)
         after = state.tokens_at(view, n)
-        compacted = any(e.fallback != "none" and e.cut for e in events if e.error is None
-                        or e.fallback == "cliff")
-        if compacted and self.validate_output:
-            out, after, entry = self._checked(view, out, after, entry, events)
-            compacted = entry is not None
-        for event in events:
+        compacted = any(e.fallback != "none" for e in events)
+        for event in events:                                                  # report
             self.pm.hook.agentcompact_on_compaction(event=event)
+        failed = next((e for e in events if e.error), None)
+        if failed is not None and not self._warned:
+            self._warned = True
+            log.warning("agentcompact: a %s compaction fell back to %s (%s); later fallbacks "
+                        "of this engine go to on_compaction only", failed.strategy,
+                        failed.fallback, failed.error)
         over = after > self.budget.limit
         if over and self.strict:
             raise OverBudgetError(
@@ -581,32 +921,21 @@ class Engine:
                 f"{self.budget.limit}", after, self.budget.limit)
         return CompactionResult(
             messages=out, compacted=compacted, modified=entry is not None,
-            tokens_original=original,
-            tokens_before=before, tokens_after=after,
+            tokens_original=original, tokens_before=outcome.before, tokens_after=after,
             over_budget=over, event=events[-1] if events else None, events=events,
             head_len=entry.head_len if entry else 0, cut=entry.cut if entry else 0,
         )
-
-    def _checked(self, view: _View, out: list[Any], after: int, entry: PrefixEntry | None,
-                 events: list[CompactionEvent]) -> tuple[list[Any], int, PrefixEntry | None]:
-        try:
-            validate(out, self.dialect, allow_pending=True)
-        except AgentCompactError as exc:
-            if events:
-                events[-1].error = f"output failed validation: {exc}"
-                events[-1].fallback = "none"
-            return list(view.messages), view.prefix[len(view.messages)] + view.fixed, None
-        return out, after, entry
 
     # --- measuring and lookup ---------------------------------------------------------
     def _view(self, messages: Sequence[Any]) -> _View:
         msgs = list(messages)
         with self._lock:
+            self._refresh_seed()
             last = self._last_view
             if last is None:
                 measured = self.meter.measure(msgs)
                 digests, tokens = measured.digests, measured.tokens
-                view = _View(msgs, digests, tokens, chain_digests(digests),
+                view = _View(msgs, digests, tokens, chain_digests(digests, seed=self._seed),
                              [0, *itertools.accumulate(tokens)])
             else:
                 view = self._extend_view(last, msgs)
@@ -656,7 +985,8 @@ class Engine:
             digests += measured.digests
             tokens += measured.tokens
         # the chain and the prefix sums are recomputed from the first changed message
-        chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)])
+        chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)],
+                              seed=self._seed)
         t = _common(tokens, last.tokens, k)
         prefix = last.prefix[: t + 1]
         prefix += itertools.accumulate(tokens[t:], initial=prefix[-1])
@@ -710,7 +1040,10 @@ class Engine:
                 dialect=self.dialect,
             )
             if decided is not None:
-                return bool(decided)
+                if not isinstance(decided, bool):
+                    raise PluginError(f"agentcompact_should_compact returned a "
+                                      f"{type(decided).__name__}; expected True, False or None")
+                return decided
         return tokens > self.budget.trigger
 
 
@@ -750,3 +1083,17 @@ def _make_budget(budget: Budget | None, trigger: int | None, target: int | None)
         return budget
     return Budget(trigger_tokens=trigger if trigger is not None else 100_000,
                   target_tokens=target)
+
+
+_SUMMARY_OVERHEAD = 32  # tokens of a summary message besides its output (header, framing)
+
+
+def _min_budget(strategy: Any) -> int:
+    """The smallest ``budget_tokens`` the strategy works with: its ``min_budget_tokens``,
+    else its minimum output (``min_output_tokens``, ``min_block_output_tokens``) plus the
+    header and framing, else 0."""
+    for attr in ("min_budget_tokens", "min_output_tokens", "min_block_output_tokens"):
+        value = getattr(strategy, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return max(0, value + (0 if attr == "min_budget_tokens" else _SUMMARY_OVERHEAD))
+    return 0

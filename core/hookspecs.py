@@ -89,8 +89,11 @@ def agentcompact_pin(message: Any, index: int, dialect: Dialect) -> bool | None:
 
     Called for each original message a compaction is about to render, drop or summarize.
     If any implementation returns ``True`` the message is reproduced verbatim (as text of
-    the compaction message, never truncated). Use it for safety rules, the task
-    statement, or a tool's output that must survive.
+    the compaction message, never truncated). The engine enforces it for every strategy:
+    a compaction message missing a pinned message's text is rejected and the engine falls
+    back (cliff, then a plain safe cut holding the pinned text); a pinned message among
+    the kept turns is never truncated. Use it for safety rules, the task statement, or a
+    tool's output that must survive.
 
     :param message: the native message.
     :param index: its index in the original history.
@@ -113,13 +116,15 @@ def agentcompact_render_message(
     Called for each message of the span the cliff strategy compacts. Return a list of
     text parts to use instead of the default rendering (an empty list drops the message
     from the compaction), or ``None`` for the default. Every returned part must be text
-    taken from the message (verbatim provenance): the engine checks and rejects others.
+    taken from the message (verbatim provenance): the cliff strategy checks each part and
+    raises ``PluginError`` otherwise, and the engine falls back to a plain safe cut (the
+    error on the event).
 
     Stops at first non-None result.
 
     :param message: the native message.
     :param dialect: the message dialect.
-    :param settings: the cliff settings in force (caps, escalation level) as a dict.
+    :param settings: ``{"strategy": "cliff"}``.
     :returns: text parts, or ``None``.
     """
 
@@ -153,8 +158,10 @@ def agentcompact_on_compaction(event: CompactionEvent) -> None:
     """Observe a compaction (or a failed one).
 
     Called after every compaction the engine performs, including fallbacks: the event
-    carries tokens before and after, the kept and dropped spans, the strategy, latency
-    and the error that caused a fallback. Errors go here, never into the context.
+    carries tokens before and after, the kept and dropped spans, the strategy, latency,
+    the errors of the rungs that failed (``error``) and the rung used (``fallback``:
+    ``None``, ``"cliff"``, ``"safe"`` or ``"none"``). Errors go here, never into the
+    context, and never carry message content.
 
     :param event: the compaction event.
     """

@@ -1,7 +1,10 @@
 """The prefix store: original prefix → its compacted replacement.
 
 An entry is stored under the chain digest of the original prefix ``messages[:cut]`` it
-replaced, and holds the head length and the compaction message. A later call whose
+replaced (a chain seeded with the engine's configuration fingerprint and episode, so
+engines of other settings sharing the store never see it), and holds the head length, the
+messages of the span kept verbatim and the compaction message. Only validated outputs are
+stored. A later call whose
 history starts with the same original prefix sends ``messages[:head_len] + [message] +
 messages[cut:]``: the compacted prefix is byte-identical until the next cliff, so provider
 prompt caches keep hitting. Kept messages that escalation truncated are stored as
@@ -30,10 +33,14 @@ import xxhash
 __all__ = ["InMemoryPrefixStore", "PrefixEntry", "PrefixStore", "chain_digests"]
 
 
-def chain_digests(digests: Sequence[str], start: Sequence[str] = ()) -> list[str]:
-    """``chain[i]`` identifies ``messages[:i+1]`` as a sequence; extends ``start``."""
+def chain_digests(digests: Sequence[str], start: Sequence[str] = (), seed: str = ""
+                  ) -> list[str]:
+    """``chain[i]`` identifies ``messages[:i+1]`` as a sequence; extends ``start``.
+
+    ``seed`` starts the chain: the engine seeds it with the fingerprint of everything that
+    changes its output (and the episode), so its chain digests are its store keys."""
     chain = list(start)
-    prev = chain[-1] if chain else ""
+    prev = chain[-1] if chain else seed
     digest = xxhash.xxh3_128_hexdigest
     for d in digests[len(chain):]:
         prev = digest((prev + d).encode())
@@ -53,6 +60,9 @@ class PrefixEntry:
     level: int = 0
     overrides: dict[int, tuple[str, Any, int]] = field(default_factory=dict)
     """index → (digest of the original, truncated copy, its tokens)"""
+    kept: tuple[int, ...] = ()
+    """indices in ``[head_len, cut)`` sent verbatim before the compaction message:
+    instructions, items the dialect does not model, compaction messages fed back in"""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,13 +70,15 @@ class PrefixEntry:
             "message_tokens": self.message_tokens, "strategy": self.strategy,
             "level": self.level,
             "overrides": {str(k): list(v) for k, v in self.overrides.items()},
+            "kept": list(self.kept),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PrefixEntry:
         overrides = {int(k): (v[0], v[1], int(v[2])) for k, v in data["overrides"].items()}
         return cls(data["head_len"], data["cut"], data["message"], data["message_tokens"],
-                   data["strategy"], data.get("level", 0), overrides)
+                   data["strategy"], data.get("level", 0), overrides,
+                   tuple(int(i) for i in data.get("kept", ())))
 
     def nbytes(self) -> int:
         """Approximate memory of the entry (messages of framework objects: their repr)."""

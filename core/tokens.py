@@ -194,7 +194,10 @@ class MessageMeter:
                 digests.append(hit[1])
                 tokens.append(hit[2])
                 continue
-            digest = self.dialect.digest(message)
+            try:
+                digest = self.dialect.digest(message)
+            except Exception:  # one message a dialect cannot digest never stops a session
+                digest = _fallback_digest(message)
             digests.append(digest)
             count = self._by_digest.get(digest)
             if count is None:
@@ -214,7 +217,7 @@ class MessageMeter:
         the counter does not declare ``at_most_utf8_bytes``."""
         if not getattr(self.counter, "at_most_utf8_bytes", False):
             return None
-        count_of = getattr(self.dialect, "counted_text", None) or self._counted_text
+        count_of = self._count_of()
         by_id = self._by_id
         total = 0
         for message in messages:
@@ -235,7 +238,7 @@ class MessageMeter:
         self, messages: Sequence[Any], missing: list[int], digests: list[str], tokens: list[int],
         counted: Sequence[tuple[str, int]] | None = None,
     ) -> None:
-        count_of = getattr(self.dialect, "counted_text", None) or self._counted_text
+        count_of = self._count_of()
         texts: list[str] = []
         images: list[int] = []
         for i in missing:
@@ -251,6 +254,29 @@ class MessageMeter:
         while len(self._by_digest) > self._max:
             self._by_digest.popitem(last=False)
 
+    def _count_of(self) -> Any:
+        """What a message is counted from: the dialect's ``counted_text``, except for a
+        message the dialect does not model (``is_opaque``: counted from its JSON, its real
+        size, not a placeholder) or cannot read (a lone surrogate, JSON nested deeper
+        than orjson takes: counted from its JSON as :func:`safe_json` writes it)."""
+        from .dialects.base import json_text
+
+        counted = getattr(self.dialect, "counted_text", None) or self._counted_text
+        opaque = getattr(self.dialect, "is_opaque", None)
+
+        def count_of(message: Any) -> tuple[str, int]:
+            try:
+                if opaque is not None and opaque(message):
+                    return json_text(message), 0
+                result: tuple[str, int] = counted(message)
+                return result
+            except Exception:
+                try:
+                    return json_text(message), 0
+                except TypeError:
+                    return repr(type(message)), 0
+        return count_of
+
     def _counted_text(self, message: Any) -> tuple[str, int]:
         """``Dialect.counted_text`` for a dialect object that does not derive from it."""
         parts = self.dialect.parts(message)
@@ -265,3 +291,17 @@ class MessageMeter:
     def count_text_message(self, text: str) -> int:
         """Tokens of a text message (no caching: used for compaction messages)."""
         return self.counter.count_texts([text])[0] + MESSAGE_OVERHEAD
+
+
+def _fallback_digest(message: Any) -> str:
+    """A digest of a message its dialect cannot digest (a lone surrogate or deep nesting
+    its serializer refuses): from its JSON (:func:`safe_json`) or, for an object, its repr."""
+    import xxhash
+
+    from .dialects.base import safe_json
+
+    try:
+        text = "json:" + safe_json(message, sort_keys=True, volatile=False)
+    except TypeError:
+        text = "repr:" + repr(message)
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))

@@ -203,3 +203,7 @@ class AnthropicDialect(Dialect):
                     i,
                 )
             seen_other = True
+
+    # --- the thinking-loop rule (kept by the engine, see Dialect.thinking_loops) -----
+    def thinking_loops(self) -> bool:
+        return True

@@ -7,6 +7,7 @@ every kept message passes through by reference.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,9 +21,10 @@ from ..errors import DialectError, ValidationError
 from ..markers import elision, is_marked, lines_elision
 
 __all__ = ["ERROR_LINE", "Dialect", "Part", "Piece", "digest_of", "head_tail", "head_tail_spans",
-           "truncated", "truncation_pieces"]
+           "json_text", "safe_json", "truncated", "truncation_pieces"]
 
 _VOLATILE_KEYS = frozenset({"cache_control"})
+_INSTRUCTION_ROLES = frozenset({"system", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +57,85 @@ def _strip_volatile(obj: Any) -> Any:
     return obj
 
 
+_END = object()
+
+
+def safe_json(value: Any, *, sort_keys: bool = False, volatile: bool = True) -> str:
+    """JSON text of ``value`` for any JSON-shaped value orjson refuses: lone surrogates
+    (escaped as ``\\udXXX``) and nesting deeper than orjson's 255 levels (built without
+    recursion). ``volatile=False`` leaves out ``cache_control`` keys. Raises ``TypeError``
+    naming the type of a value that is not JSON (never the value)."""
+    out: list[str] = []
+    stack: list[Any] = [value]
+    dumps = json.dumps
+    while stack:
+        item = stack.pop()
+        if item is _END:
+            out.append(stack.pop())
+            continue
+        if isinstance(item, _Raw):
+            out.append(item.text)
+            continue
+        if isinstance(item, dict):
+            keys = list(item)
+            if not volatile:
+                keys = [k for k in keys if k not in _VOLATILE_KEYS]
+            if sort_keys:
+                keys.sort(key=str)
+            stack.append("}")
+            stack.append(_END)
+            for n, key in enumerate(reversed(keys)):
+                stack.append(item[key])
+                sep = "" if n == len(keys) - 1 else ","
+                stack.append(_Raw(sep + dumps(str(key)) + ":"))
+            out.append("{")
+        elif isinstance(item, (list, tuple)):
+            stack.append("]")
+            stack.append(_END)
+            for n, element in enumerate(reversed(item)):
+                if n != len(item) - 1:
+                    stack.append(element)
+                    stack.append(_Raw(","))
+                else:
+                    stack.append(element)
+            out.append("[")
+        elif item is None or isinstance(item, (str, int, float, bool)):
+            out.append(dumps(item))
+        else:
+            raise TypeError(f"a {type(item).__name__} is not JSON")
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Raw:
+    text: str
+
+
+def json_text(value: Any) -> str:
+    """JSON text of ``value`` (orjson; :func:`safe_json` for what orjson refuses)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return safe_json(value)
+
+
 def digest_of(message: Any) -> str:
-    """Canonical content digest of a JSON-able message; ``cache_control`` excluded."""
+    """Canonical content digest of a JSON-able message; ``cache_control`` excluded.
+
+    A message orjson refuses (a lone surrogate, nesting deeper than 255 levels) is
+    digested from :func:`safe_json` instead: one odd message never disables a session.
+    Raises ``DialectError`` naming the type of a value that is not JSON at all.
+    """
     try:
         data = orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
         if b'"cache_control"' in data:
             data = orjson.dumps(_strip_volatile(message), option=orjson.OPT_SORT_KEYS)
-    except TypeError as exc:
-        raise DialectError(f"message is not JSON-serializable: {exc}") from exc
+    except TypeError:
+        try:
+            data = b"\x00safe" + safe_json(message, sort_keys=True, volatile=False).encode(
+                "utf-8", "surrogatepass")
+        except TypeError as exc:
+            raise DialectError(f"message is not JSON-serializable: {exc}") from None
     return xxhash.xxh3_128_hexdigest(data)
 
 
@@ -226,6 +299,48 @@ class Dialect:
         parts = self.parts(message)
         return ("\n".join(p.text for p in parts if p.text),
                 sum(1 for p in parts if p.kind == "image"))
+
+    # --- what the engine must keep as it is ------------------------------------------
+    def is_instruction(self, message: Any) -> bool:
+        """True for an instruction to the model (``system`` / ``developer`` role), wherever
+        it stands in the history.
+
+        Contract (kept by the engine for every strategy): an instruction is kept like a
+        pinned message. It is never dropped, never truncated and never flattened into
+        compaction text; it is emitted verbatim, as its own message, in its original
+        order relative to the other kept messages (an instruction from the compacted span
+        stands between the head and the compaction message), and it counts with its real
+        tokens. Instructions are system/developer directions, never history to drop.
+        Dialects override this for roles or items they know to be instructions.
+        """
+        try:
+            return self.role(message) in _INSTRUCTION_ROLES
+        except Exception:  # a malformed message is not an instruction; validation says why
+            return False
+
+    def is_opaque(self, message: Any) -> bool:
+        """True for an item, role or block type this dialect does not model (default:
+        none).
+
+        Contract: the engine treats an opaque message like an instruction (see
+        :meth:`is_instruction`): kept verbatim in its original relative order, counted by
+        its real tokens, never dropped, truncated or rendered into compaction text. A
+        dialect returns ``True`` for what it cannot read (an unknown Responses item such as
+        ``additional_tools``, an unknown content block type), so compaction never loses
+        what it does not understand.
+        """
+        return False
+
+    def is_kept(self, message: Any) -> bool:
+        """``is_instruction(message) or is_opaque(message)``: a message the engine keeps
+        verbatim whatever the strategy does."""
+        return self.is_instruction(message) or self.is_opaque(message)
+
+    def thinking_loops(self) -> bool:
+        """True when the provider refuses a tool loop whose thinking block was cut away
+        (Anthropic extended thinking): the engine then never cuts inside the current tool
+        loop at a message that does not start with thinking. Default ``False``."""
+        return False
 
     def is_synthetic(self, message: Any) -> bool:
         """True when the message is a compaction or summary message agentcompact wrote."""

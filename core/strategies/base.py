@@ -33,8 +33,14 @@ class CompactionRequest:
     cycle compacts is ``messages[span_start:cut]``; ``messages[head_len:span_start]`` was
     compacted by earlier cycles (a strategy may carry its human messages forward: they are
     original content). ``budget_tokens`` is the size the rendered message should fit in
-    (it may be small or zero when the kept turns are large). ``level`` is the escalation
-    level to start from (a reactive retry after a provider overflow starts higher).
+    (the engine moves the cut until it is at least the strategy's ``min_budget_tokens``
+    when it can). ``level`` is the escalation level to start from (a reactive retry after
+    a provider overflow starts higher).
+
+    What the engine checks on every rendered message, for any strategy: the output passes
+    the dialect's rules and the thinking-loop rule, every pinned message's text is in it
+    verbatim, the message is within its budget (pinned text aside), and the kept messages
+    are there. A rendering that fails falls back (cliff, then a plain cut).
     """
 
     messages: Sequence[Any]
@@ -48,6 +54,15 @@ class CompactionRequest:
     level: int = 0
     episode_id: str | None = None
     reason: str = "trigger"
+    kept: frozenset[int] = frozenset()
+    """Indices of ``[head_len, cut)`` the engine sends verbatim as their own messages
+    (instructions, items the dialect does not model, compaction messages fed back in):
+    a strategy leaves them out of its message (:meth:`keeps`)."""
+
+    def keeps(self, index: int) -> bool:
+        """True when the engine itself sends ``messages[index]`` verbatim: render nothing
+        of it (never flatten an instruction into compaction text)."""
+        return index in self.kept
 
     def pinned(self, index: int) -> bool:
         """True when a plugin pins ``messages[index]`` (``agentcompact_pin``)."""
@@ -88,6 +103,11 @@ class Rendered:
 
 @runtime_checkable
 class Strategy(Protocol):
+    """``name`` and ``compact``. Optional: ``acompact`` (async), ``min_budget_tokens``
+    (the smallest ``budget_tokens`` it can work with: the engine keeps fewer recent turns
+    or truncates the largest kept tool output to give it that room) and ``fingerprint``
+    (a string naming its settings, part of the prefix-store key; default: its repr)."""
+
     name: str
 
     def compact(self, request: CompactionRequest) -> Rendered: ...

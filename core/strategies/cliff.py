@@ -96,20 +96,30 @@ class CliffStrategy:
     :param archive: where originals of what is left out go: a path (SQLite file), an
         ``Archive`` object, ``None`` (default: a new in-memory archive) or ``False``
         (no archive: skim lines still name handles, but nothing can expand them).
-    :param human_floor_tokens: carried human text and pins keep this much room even when
-        the kept turns leave the compaction message less (the engine then truncates the
-        largest kept message instead).
+    :param human_floor_tokens: the room the compaction message keeps for carried human
+        text even when the kept turns would leave it less: the engine truncates the largest
+        kept tool output instead (``min_budget_tokens``). Pinned text is never dropped.
     """
 
     levels: tuple[CliffLevel, ...] = DEFAULT_LEVELS
     carry_forward_human: bool = True
     carry_forward_calls: bool = True
-    human_floor_tokens: int = 4_000
+    human_floor_tokens: int = 1_000
     archive: Any = None
     name: str = field(default="cliff", init=False)
 
     def __post_init__(self) -> None:
         self.archive = open_archive(self.archive)
+
+    @property
+    def min_budget_tokens(self) -> int:
+        """The engine gives the compaction message at least this room (the floor)."""
+        return self.human_floor_tokens
+
+    def fingerprint(self) -> str:
+        """The settings that change the output (the archive does not: handles are content
+        digests), for the engine's prefix-store key."""
+        return "cliff:" + repr(sorted(settings_dict(self).items()))
 
     def compact(self, request: CompactionRequest) -> Rendered:
         items = _collect(request, self.carry_forward_human, self.carry_forward_calls)
@@ -129,20 +139,19 @@ class CliffStrategy:
                 break
             level += 1
         skims = [_estimate(b.skim, rate) for b, rate in zip(blocks, rates)]
-        floor = min(self.human_floor_tokens, sum(  # estimates: a margin for labels
-            s + 8 for s, it in zip(sizes, items) if it.pinned or it.role in _HUMAN_ROLES))
+        floor = sum(s + 8 for s, it in zip(sizes, items) if it.pinned)  # never dropped
         budget = max(budget, floor)
         # Sizes are estimated from each original's tokens per character; the exact count
         # of the assembled message corrects the estimate (a few refits at most).
         fit_budget = budget
-        limit = max(request.budget_tokens, floor + header_tokens)
-        for _ in range(4):
+        limit = max(request.budget_tokens, floor + header_tokens)  # the engine allows pins
+        for _ in range(8):
             forms = _fit(items, sizes, skims, fit_budget)
             text = "".join(t for _, t in _assemble(blocks, forms))
             tokens = request.meter.count_text_message(text)
-            if tokens <= limit or not any(forms):
+            if tokens <= limit or not any(forms) or fit_budget <= 0:
                 break
-            fit_budget = int(fit_budget * limit / tokens) - 8
+            fit_budget = min(int(fit_budget * limit / tokens), fit_budget - tokens + limit) - 8
         self._archive(request, blocks, forms)
         message = request.dialect.text_message(text)
         return Rendered(message, tokens, level, _report(request, items, blocks, forms))
@@ -184,8 +193,8 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool) -> list
     indices = list(request.earlier())
     for i in [*indices, *request.span()]:
         message = request.messages[i]
-        if dialect.is_synthetic(message):
-            continue  # never compact a compaction
+        if dialect.is_synthetic(message) or request.keeps(i):
+            continue  # never compact a compaction; the engine sends kept ones itself
         role = dialect.role(message)
         carried = i < request.span_start
         pinned = pins and request.pinned(i)

@@ -12,7 +12,14 @@ from typing import Any
 import orjson
 import pytest
 
-from agentcompact import Budget, Engine, InMemoryPrefixStore, PrefixEntry, new_plugin_manager
+from agentcompact import (
+    Budget,
+    Engine,
+    InMemoryPrefixStore,
+    PrefixEntry,
+    hookimpl,
+    new_plugin_manager,
+)
 from agentcompact.dialects.base import Dialect
 
 from .histories import build, call_points
@@ -24,6 +31,20 @@ PLAN = [(60, [1500, 200], 0), (40, [3000], 80), (0, [800, 800, 800], 0)] * 8
 def engine(dialect: str, trigger: int = 3000, **kw: Any) -> Engine:
     kw.setdefault("plugins", new_plugin_manager())
     return Engine(strategy="cliff", dialect=dialect, budget=Budget(trigger_tokens=trigger), **kw)
+
+
+def _never() -> Any:
+    """A plugin manager whose should_compact always says no (an engine of the same
+    settings that only looks prefixes up: store keys include the settings)."""
+    pm = new_plugin_manager()
+
+    class Never:
+        @hookimpl
+        def agentcompact_should_compact(self, tokens: int) -> bool:
+            return False
+
+    pm.register(Never())
+    return pm
 
 
 def outcome(result: Any) -> tuple[Any, ...]:
@@ -108,7 +129,7 @@ def test_same_objects_and_fresh_copies_give_the_same_results(name: str) -> None:
 def test_an_entry_put_by_another_engine_is_found_at_prefixes_already_checked(
         name: str) -> None:
     store = InMemoryPrefixStore()
-    watcher = engine(name, trigger=10**7, store=store)  # never compacts, only looks up
+    watcher = engine(name, store=store, plugins=_never())  # never compacts, only looks up
     worker = engine(name, store=store)
     msgs = build(name, PLAN)
     assert not watcher.compact(msgs).modified  # every prefix checked: the store is empty
@@ -128,7 +149,7 @@ def test_a_store_swapped_in_is_asked_about_every_prefix(name: str) -> None:
     first = InMemoryPrefixStore()
     for k in range(worker_store.version):  # the same version number, other entries
         first.put(f"unrelated-{k}", PrefixEntry(0, 1, None, 0, "cliff"))
-    watcher = engine(name, trigger=10**7, store=first)
+    watcher = engine(name, store=first, plugins=_never())
     assert not watcher.compact(msgs).modified
     watcher.store = worker_store
     seen = watcher.compact(msgs)

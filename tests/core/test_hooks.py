@@ -147,12 +147,16 @@ def _collect(hook: str) -> tuple[Any, list[Any]]:
     pm = new_plugin_manager()
     seen: list[Any] = []
 
-    class Plugin:
-        pass
+    # pluggy passes only the parameters an implementation names without a default
+    def on_call(self: Any, call: Any) -> None:
+        seen.append(call)
 
-    setattr(Plugin, hook, hookimpl(lambda self, call=None, episode=None: seen.append(
-        call if call is not None else episode)))
-    pm.register(Plugin())
+    def on_episode(self: Any, episode: Any) -> None:
+        seen.append(episode)
+
+    impl = on_episode if hook.endswith("episode_end") else on_call
+    plugin = type("Plugin", (), {hook: hookimpl(impl)})
+    pm.register(plugin())
     return pm, seen
 
 
