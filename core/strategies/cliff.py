@@ -467,8 +467,7 @@ def _assemble(blocks: Sequence[_Block], forms: Sequence[int]) -> list[Seg]:
     out: list[Seg] = [(False, COMPACTION_HEADER)]
     omitted = sum(1 for b, f in zip(blocks, forms) if b.full and f == _OMIT)
     if omitted:
-        out.append((False, f"\n\n[… {omitted} earlier items omitted; search_dropped(query) "
-                           "finds their text …]"))
+        out.append((False, f"\n\n[… {omitted} earlier items omitted …]"))  # searchable
     for block, form in zip(blocks, forms):
         segs = block.full if form == _FULL else block.skim if form == _SKIM else []
         if form == _FULL and block.alone is not None and any(
