@@ -19,6 +19,7 @@ path}``. The MCP server (``agentcompact mcp``) serves the same two tools from a 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,10 +141,9 @@ class ExpandTools:
         return f"[agentcompact: no tool named {name!r}; the tools are expand, search_dropped]"
 
 
-def langchain_tools(archive: Any, page_chars: int = DEFAULT_PAGE_CHARS) -> list[Any]:
-    """``expand`` and ``search_dropped`` as LangChain ``StructuredTool`` objects."""
-    from langchain_core.tools import StructuredTool
-
+def _functions(archive: Any, page_chars: int) -> tuple[Callable[..., str], Callable[..., str]]:
+    """``expand`` and ``search_dropped`` as typed functions (frameworks read the signature
+    and docstring to build the tool's schema)."""
     tools = ExpandTools(archive, page_chars)
 
     def expand(handle: str, offset: int = 0) -> str:
@@ -152,6 +152,14 @@ def langchain_tools(archive: Any, page_chars: int = DEFAULT_PAGE_CHARS) -> list[
     def search_dropped(query: str, limit: int = 10) -> str:
         return tools.call("search_dropped", {"query": query, "limit": limit})
 
+    return expand, search_dropped
+
+
+def langchain_tools(archive: Any, page_chars: int = DEFAULT_PAGE_CHARS) -> list[Any]:
+    """``expand`` and ``search_dropped`` as LangChain ``StructuredTool`` objects."""
+    from langchain_core.tools import StructuredTool
+
+    expand, search_dropped = _functions(archive, page_chars)
     return [StructuredTool.from_function(expand, name="expand",
                                          description=EXPAND_DESCRIPTION),
             StructuredTool.from_function(search_dropped, name="search_dropped",
@@ -162,14 +170,7 @@ def llamaindex_tools(archive: Any, page_chars: int = DEFAULT_PAGE_CHARS) -> list
     """``expand`` and ``search_dropped`` as LlamaIndex ``FunctionTool`` objects."""
     from llama_index.core.tools import FunctionTool
 
-    tools = ExpandTools(archive, page_chars)
-
-    def expand(handle: str, offset: int = 0) -> str:
-        return tools.call("expand", {"handle": handle, "offset": offset})
-
-    def search_dropped(query: str, limit: int = 10) -> str:
-        return tools.call("search_dropped", {"query": query, "limit": limit})
-
+    expand, search_dropped = _functions(archive, page_chars)
     return [FunctionTool.from_defaults(fn=expand, name="expand",
                                        description=EXPAND_DESCRIPTION),
             FunctionTool.from_defaults(fn=search_dropped, name="search_dropped",

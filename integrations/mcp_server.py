@@ -21,13 +21,14 @@ The archive path may also come from ``AGENTCOMPACT_ARCHIVE``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import Any
 
 from ..archive import SQLiteArchive
 from ..expand import DEFAULT_PAGE_CHARS
-from .expand_tools import EXPAND_DESCRIPTION, SEARCH_DESCRIPTION, ExpandTools
+from .expand_tools import EXPAND_DESCRIPTION, SEARCH_DESCRIPTION, _functions
 
 __all__ = ["add_parser", "build_server", "run"]
 
@@ -40,26 +41,19 @@ _INSTRUCTIONS = (
 
 
 def _server_class() -> Any:
-    try:  # mcp 2.x
-        from mcp.server.mcpserver import MCPServer
-    except ImportError:  # mcp 1.x
-        from mcp.server.fastmcp import FastMCP as MCPServer
-    return MCPServer
+    """``MCPServer`` (mcp 2.x), or ``FastMCP`` (its name in mcp 1.x)."""
+    try:
+        return importlib.import_module("mcp.server.mcpserver").MCPServer
+    except ImportError:
+        return importlib.import_module("mcp.server.fastmcp").FastMCP
 
 
 def build_server(archive_path: str, page_chars: int = DEFAULT_PAGE_CHARS) -> Any:
     """The MCP server object (not started) serving the archive at ``archive_path``."""
-    tools = ExpandTools(SQLiteArchive(archive_path), page_chars)
+    expand, search_dropped = _functions(SQLiteArchive(archive_path), page_chars)
     server = _server_class()("agentcompact", instructions=_INSTRUCTIONS)
-
-    @server.tool(name="expand", description=EXPAND_DESCRIPTION)
-    def expand(handle: str, offset: int = 0) -> str:
-        return tools.call("expand", {"handle": handle, "offset": offset})
-
-    @server.tool(name="search_dropped", description=SEARCH_DESCRIPTION)
-    def search_dropped(query: str, limit: int = 10) -> str:
-        return tools.call("search_dropped", {"query": query, "limit": limit})
-
+    server.tool(name="expand", description=EXPAND_DESCRIPTION)(expand)
+    server.tool(name="search_dropped", description=SEARCH_DESCRIPTION)(search_dropped)
     return server
 
 

@@ -10,24 +10,16 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentcompact import Budget, CompactionEvent, Engine, hookimpl, new_plugin_manager
+from agentcompact import Budget, Engine, new_plugin_manager
 from agentcompact.archive import MemoryArchive, SQLiteArchive, handle_of
 from agentcompact.expand import expand
 from tests.core.histories import build, call_points
+from tests.integrations.conftest import Collector
 
 turn = st.tuples(st.integers(0, 900), st.lists(st.integers(0, 4000), max_size=3),
                  st.sampled_from([0, 0, 0, 80, 3000]))
 plans = st.lists(turn, min_size=2, max_size=16)
 dialects = st.sampled_from(["openai_chat", "anthropic", "openai_responses"])
-
-
-class Events:
-    def __init__(self) -> None:
-        self.events: list[CompactionEvent] = []
-
-    @hookimpl
-    def agentcompact_on_compaction(self, event: CompactionEvent) -> None:
-        self.events.append(event)
 
 
 def expanded(archive: Any, handle: str) -> str:
@@ -46,7 +38,7 @@ def expanded(archive: Any, handle: str) -> str:
 def test_every_part_left_out_expands_byte_identical(dialect: str, plan: Any, trigger: int,
                                                     share: float) -> None:
     pm = new_plugin_manager()
-    seen = Events()
+    seen = Collector()
     pm.register(seen)
     archive = MemoryArchive()
     engine = Engine("cliff", dialect, Budget(trigger, max(1, int(trigger * share))),
