@@ -17,14 +17,15 @@ archive (``archive`` setting), where ``agentcompact.expand`` finds it verbatim.
 Escalation keeps commands and decisions longest: level by level bulk tool output goes
 first (superseded output, a file read again later or a command re-run, from level 1), then
 long results become skim lines, and only at the last level are call arguments and
-assistant text capped hard. Over budget at the last level, the oldest items become skim
-lines, then their skim lines go (human ones last; pinned ones never; carried human text and
-pins keep a floor of ``human_floor_tokens``).
+assistant text capped hard. Over budget at the last level, the oldest bulky items become
+skim lines, then the oldest items go (human ones last; pinned ones never); the engine gives
+the message at least ``human_floor_tokens`` of room (``min_budget_tokens``), truncating the
+largest kept tool output rather than dropping carried human text.
 
 Human messages of *all* earlier cycles are carried forward (``carry_forward_human``), and
-the tool calls, assistant text and skim lines of earlier cycles too (``carry_forward_calls``),
-rendered at the last-but-one level: they are original content, so this is not a compaction
-of a compaction.
+the tool calls, assistant text and handles of earlier cycles too (``carry_forward_calls``),
+rendered at the last-but-one level or leaner: they are original content, so this is not a
+compaction of a compaction.
 """
 
 from __future__ import annotations
