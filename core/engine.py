@@ -3,14 +3,20 @@
 ``Engine.compact(messages)`` returns the list to send. Rules it keeps for any strategy:
 
 - **never compact a compaction**: strategies receive original messages; a compaction
-  message that comes back as input is never rendered again;
+  message that comes back as input is carried on verbatim, never rendered again;
 - **prefix store**: a compaction is stored under the chain digest of the original prefix
-  it replaced; later calls carrying that prefix reuse the identical compacted prefix until
-  the next cliff (cache hits). A long history arriving at once is compacted by replaying
+  it replaced (seeded with the engine's settings fingerprint and episode); later calls
+  carrying that prefix reuse the identical compacted prefix until the next cliff (cache
+  hits). A long history arriving at once is compacted by replaying
   the threshold crossings at each turn start, so it gets the result an incrementally
   called engine would have;
-- **fail-open**: a strategy that raises yields the cliff result (or the uncompacted
-  history when even that fails); the error goes to ``on_compaction``, never the context;
+- **one-way pipeline**: view → decide → plan the cut → render → validate → store →
+  assemble → report; the engine checks validity (dialect rules, the thinking-loop rule),
+  pins, kept messages (instructions, opaque items, compaction messages fed back in) and
+  the budget for any strategy, and stores only what passed;
+- **fail-open**: a strategy that raises or fails a check yields the cliff result, then a
+  plain safe cut, then the uncompacted history — every rung validated; the errors and the
+  rung go to ``on_compaction`` (no message content), never the context;
 - **deterministic**; the caller's list and messages are never mutated; kept messages are
   passed through by reference.
 """
@@ -272,11 +278,13 @@ class Engine:
     :param counter: ``"tiktoken"`` (default, o200k_base), ``"tiktoken:ENC"``, ``"hf:PATH"``,
         ``"chars"`` or a ``TokenCounter``.
     :param store: a ``PrefixStore`` (default: in-memory LRU); share one between engines
-        (or proxy workers) to share compacted prefixes.
+        of the same settings (or proxy workers) to share compacted prefixes.
     :param plugins: a pluggy ``PluginManager`` (default: the process-wide one).
     :param strict: raise ``OverBudgetError`` when the context is still over the budget's
         limit after every escalation (default: send it anyway and flag ``over_budget``).
-    :param episode_id: stamped on events for RL export.
+    :param episode_id: stamped on events for RL export, and the scope of the prefix-store
+        keys: engines of other episodes never reuse its compactions (``new_episode()``
+        starts a new one).
     :param strategy_settings: keyword arguments for the strategy factory.
     :param summarizer: for the LLM strategies (``summary``, ``parallel``): a
         :class:`~agentcompact.summarizer.Summarizer`, or a dict of its settings.
@@ -349,6 +357,7 @@ class Engine:
         self._fixed_cache: dict[str, int] = {}
         self._fixed_last: tuple[tuple[Any, Any, Any], int] | None = None
         self._warned = False
+        self._warned_fixed = False
         self._min_budget = _min_budget(self.strategy)
         self._plugins_key: tuple[int, ...] | None = None
         self._seed = ""
@@ -711,6 +720,12 @@ class Engine:
             ):
                 break
             k += 1
+        if head_fixed + kept_tokens >= budget.trigger and not self._warned_fixed:
+            self._warned_fixed = True
+            log.warning("agentcompact: the fixed part of the request (%d tokens: system "
+                        "prompt, tools, instructions) reaches the trigger (%d tokens); "
+                        "compaction cannot bring the context under it", head_fixed + kept_tokens,
+                        budget.trigger)
         overrides: dict[int, tuple[str, Any, int]] = {}
         if room < self._min_budget:  # make room: truncate the largest kept tool outputs
             overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True,

@@ -403,3 +403,13 @@ def test_every_rung_is_validated_and_a_failed_chain_sends_the_history() -> None:
     assert "cliff: output failed validation" in (event.error or "")
     assert "safe: output failed validation" in (event.error or "")
     assert len(store) == 0  # nothing invalid was stored
+
+
+def test_a_fixed_part_at_the_trigger_is_warned_once(caplog: pytest.LogCaptureFixture) -> None:
+    msgs = build("openai_chat", PLAN)
+    e = Engine("cliff", "openai_chat", Budget(3000), plugins=new_plugin_manager())
+    with caplog.at_level(logging.WARNING, logger="agentcompact"):
+        e.compact(msgs, fixed_tokens=3500)
+        e.compact(msgs + [{"role": "user", "content": "more"}], fixed_tokens=3500)
+    fixed = [r for r in caplog.records if "fixed part" in r.getMessage()]
+    assert len(fixed) == 1 and fixed[0].args[0] >= 3500  # type: ignore[index]
