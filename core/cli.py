@@ -1,5 +1,5 @@
 """The ``agentcompact`` command: ``demo``, ``plugins``, ``replay``, ``export``, ``proxy``,
-``run`` (a command behind a proxy), ``watch`` (a live view of a proxy).
+``run`` (a command behind a proxy), ``watch`` (a live view of a proxy), ``mcp``.
 
 Subcommands that need an extra are listed always; running one without its extra says
 which extra to install.
@@ -22,6 +22,7 @@ _EXTERNAL = {
     "proxy": ("agentcompact.integrations.proxy.cli", "proxy"),
     "run": ("agentcompact.integrations.proxy.launch", "proxy"),
     "watch": ("agentcompact.integrations.proxy.watch", "proxy"),
+    "mcp": ("agentcompact.integrations.mcp_server", "mcp"),
 }
 
 

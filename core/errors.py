@@ -12,8 +12,10 @@ The hierarchy::
     │   └── SummarizerError    the summarizer endpoint failed, timed out or overflowed
     ├── OverBudgetError        strict mode: the context is still over budget after escalation
     ├── StoreError             a prefix store URL is bad, or an entry cannot be serialized
-    └── TrajectoryError        a trajectory file cannot be read
-        └── TornLineError      the last line of an event log was cut by a crash
+    ├── TrajectoryError        a trajectory file cannot be read
+    │   └── TornLineError      the last line of an event log was cut by a crash
+    └── ArchiveError           the archive of dropped originals cannot be opened or written,
+                               or a handle is unknown
 
 Foreign errors are re-raised as one of these with ``raise X(...) from exc``.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 __all__ = [
     "AgentCompactError",
+    "ArchiveError",
     "CompactionError",
     "ConfigError",
     "DialectError",
@@ -96,3 +99,7 @@ class TrajectoryError(AgentCompactError, ValueError):
 
 class TornLineError(TrajectoryError):
     """The last line of an event log was cut mid-write (a crash); earlier lines are fine."""
+
+
+class ArchiveError(AgentCompactError):
+    """The archive of dropped originals failed, or an expand named an unknown handle."""

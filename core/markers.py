@@ -12,6 +12,7 @@ __all__ = [
     "SUMMARY_HEADER",
     "elision",
     "is_marked",
+    "lines_elision",
 ]
 
 COMPACTION_HEADER = "[agentcompact: earlier turns compacted]"
@@ -19,11 +20,20 @@ SUMMARY_HEADER = "[agentcompact: summary of earlier turns]"
 _HEADERS = (COMPACTION_HEADER, SUMMARY_HEADER)
 
 
-def elision(omitted_chars: int, inline: bool = False) -> str:
-    """The marker placed where a truncation removed ``omitted_chars`` characters."""
+def elision(omitted_chars: int, inline: bool = False, handle: str = "") -> str:
+    """The marker placed where a truncation removed ``omitted_chars`` characters (with the
+    archive handle of the whole original, when it has one)."""
+    tail = f" · expand {handle}" if handle else ""
     if inline:
-        return f" [… {omitted_chars} chars omitted …] "
-    return f"\n[… {omitted_chars} chars omitted …]\n"
+        return f" [… {omitted_chars} chars omitted{tail} …] "
+    return f"\n[… {omitted_chars} chars omitted{tail} …]\n"
+
+
+def lines_elision(lines: int, chars: int, handle: str = "") -> str:
+    """The marker placed, on a line of its own, where whole lines were elided."""
+    tail = f" · expand {handle}" if handle else ""
+    noun = "line" if lines == 1 else "lines"
+    return f"[… {lines} {noun} elided, {chars} chars omitted{tail} …]\n"
 
 
 def is_marked(text: str) -> bool:

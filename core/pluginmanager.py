@@ -4,7 +4,11 @@
 built-in dialects and strategies are registered as ``trylast`` default plugins, then
 installed plugins are loaded from the ``agentcompact`` entry-point group. Set
 ``AGENTCOMPACT_LOAD_PLUGINS=name1,name2`` to load only those entry points (empty string:
-none). ``AGENTCOMPACT_TRACE_HOOKS=1`` logs every hook call (pluggy's hook-call monitoring).
+none). The built-in rules plugin (``agentcompact.plugins.rules``: pins rule-like user text)
+is a default plugin too; ``AGENTCOMPACT_PIN_RULES=0`` leaves it out, and
+``pm.unregister(name="agentcompact.plugins.rules")`` removes it from one manager.
+``AGENTCOMPACT_TRACE_HOOKS=1`` logs every hook call
+(pluggy's hook-call monitoring).
 
 Tests and embedders use ``new_plugin_manager()`` for a fresh, isolated manager.
 """
@@ -42,7 +46,11 @@ log = logging.getLogger("agentcompact")
 DEFAULT_PLUGINS = (
     "agentcompact.dialects.builtin",
     "agentcompact.strategies.builtin",
+    "agentcompact.plugins.rules",
 )
+#: default plugins a user may turn off, and the environment variable that does it
+_OPTIONAL_DEFAULTS = {"agentcompact.plugins.rules": "AGENTCOMPACT_PIN_RULES"}
+_OFF = frozenset({"0", "false", "no", "off"})
 
 _pm: pluggy.PluginManager | None = None
 _lock = threading.Lock()
@@ -55,6 +63,9 @@ def new_plugin_manager(*, load_entry_points: bool = False) -> pluggy.PluginManag
     pm = pluggy.PluginManager("agentcompact")
     pm.add_hookspecs(hookspecs)
     for name in DEFAULT_PLUGINS:
+        switch = _OPTIONAL_DEFAULTS.get(name)
+        if switch and os.environ.get(switch, "").strip().lower() in _OFF:
+            continue
         pm.register(importlib.import_module(name), name=name)
     if load_entry_points:
         load_plugins(pm)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ..errors import ValidationError
-from .base import Dialect, Part, head_tail, json_text
+from .base import Dialect, Part, json_text, truncated
 from .objects import check_objects, not_an_object
 
 __all__ = ["AnthropicDialect"]
@@ -72,13 +72,13 @@ def _truncate_block(block: Any, max_chars: int) -> Any:
     kind = block.get("type")
     if kind == "text":
         text = str(block.get("text", ""))
-        return block if len(text) <= max_chars else {**block, "text": head_tail(text, max_chars)}
+        return block if len(text) <= max_chars else {**block, "text": truncated(text, max_chars)}
     if kind == "tool_result":
         content = block.get("content", "")
         if isinstance(content, str):
             if len(content) <= max_chars:
                 return block
-            return {**block, "content": head_tail(content, max_chars)}
+            return {**block, "content": truncated(content, max_chars)}
         new = [_truncate_block(b, max_chars) for b in content or ()]
         if all(a is b for a, b in zip(new, content or ())):
             return block
@@ -196,7 +196,7 @@ class AnthropicDialect(Dialect):
         if isinstance(content, str):
             if len(content) <= max_chars:
                 return message
-            return {**message, "content": head_tail(content, max_chars)}
+            return {**message, "content": truncated(content, max_chars)}
         if not isinstance(content, list):
             return message
         new = [_truncate_block(b, max_chars) for b in content]

@@ -8,6 +8,7 @@ every kept message passes through by reference.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -15,11 +16,12 @@ from typing import Any, ClassVar
 import orjson
 import xxhash
 
+from ..archive import handle_of
 from ..errors import DialectError, ValidationError
-from ..markers import elision, is_marked
+from ..markers import elision, is_marked, lines_elision
 
-__all__ = ["Dialect", "Part", "digest_of", "head_tail", "head_tail_spans", "json_text",
-           "safe_json"]
+__all__ = ["ERROR_LINE", "Dialect", "Part", "Piece", "digest_of", "head_tail", "head_tail_spans",
+           "json_text", "safe_json", "truncated", "truncation_pieces"]
 
 _VOLATILE_KEYS = frozenset({"cache_control"})
 _INSTRUCTION_ROLES = frozenset({"system", "developer"})
@@ -142,17 +144,112 @@ def head_tail_spans(text: str, max_chars: int) -> tuple[str, int, str]:
     if max_chars <= 0 or len(text) <= max_chars:
         return text, 0, ""
     keep = max(max_chars, 2)
-    head = keep * 2 // 3
+    head = keep // 2
     tail = keep - head
     return text[:head], len(text) - head - tail, text[len(text) - tail :]
 
 
-def head_tail(text: str, max_chars: int, inline: bool = False) -> str:
-    """``text`` cut to about ``max_chars``: its head and tail with an elision marker."""
+#: a line worth keeping through a truncation: errors, failed tests, assertions, exit codes
+ERROR_LINE = re.compile(
+    r"Traceback|Error\b|Exception\b|FAIL|\bassert|Assertion|\bpanic|\bfatal\b|[Ee]rror:|"
+    r"\bERROR\b|exit (?:code|status)|[Ee]xit[ _]?[Cc]ode|returncode|returned non-zero|"
+    r"^E {2,}|^E\s+\w+|\d+ (?:failed|errors?)\b|Killed|Segmentation fault|No such file|"
+    r"command not found|[Pp]ermission denied")
+_ERROR_LINE_MAX = 400  # a longer matching line is not kept whole (it would crowd the rest)
+
+Piece = tuple[bool, str]
+"""(verbatim?, text): a quoted slice of the original, or a marker agentcompact wrote."""
+
+
+def truncation_pieces(text: str, max_chars: int, *, inline: bool = False,
+                      handle: str = "") -> list[Piece]:
+    """``text`` cut to about ``max_chars`` characters of verbatim slices and markers.
+
+    Multi-line text keeps whole lines: the head, the tail, and in between every
+    error-looking line that fits (:data:`ERROR_LINE`: tracebacks, ``Error``, ``FAILED``,
+    ``assert``, exit codes); each run of elided lines becomes one marker with the count of
+    lines and characters elided (and ``handle``, where the original can be expanded).
+    Short or single-line text (and ``inline`` text such as tool-call arguments) is cut by
+    characters: half head, half tail.
+    """
+    if max_chars <= 0 or len(text) <= max_chars:
+        return [(True, text)]
+    if not inline and text.count("\n") >= 3:
+        pieces = _line_pieces(text, max_chars, handle)
+        if pieces is not None:
+            return pieces
     head, omitted, tail = head_tail_spans(text, max_chars)
-    if not omitted:
+    return [(True, head), (False, elision(omitted, inline, handle)), (True, tail)]
+
+
+def _line_pieces(text: str, budget: int, handle: str) -> list[Piece] | None:
+    lines = text.splitlines(keepends=True)
+    n = len(lines)
+    keep = [False] * n
+    used = 0
+
+    def take(i: int, limit: int) -> bool:
+        nonlocal used
+        if keep[i] or used + len(lines[i]) > limit:
+            return False
+        keep[i] = True
+        used += len(lines[i])
+        return True
+
+    head_end = 0
+    while head_end < n and take(head_end, budget * 3 // 10):
+        head_end += 1
+    tail_start = n
+    tail_limit = used + budget * 3 // 10
+    while tail_start > head_end and take(tail_start - 1, tail_limit):
+        tail_start -= 1
+    for i in range(tail_start - 1, head_end - 1, -1):  # errors, the latest first
+        if len(lines[i]) <= _ERROR_LINE_MAX and ERROR_LINE.search(lines[i]):
+            take(i, budget)
+    while tail_start > head_end and take(tail_start - 1, budget):  # the rest: more tail
+        tail_start -= 1
+    if used < budget // 4:
+        return None  # long lines: a character cut keeps more
+    for i in range(1, n - 1):  # a lone short line costs less than the marker for it
+        if not keep[i] and keep[i - 1] and keep[i + 1] and len(lines[i]) <= 60:
+            keep[i] = True
+    out: list[Piece] = []
+    run: list[str] = []
+    gap_lines = gap_chars = 0
+    for line, kept in zip(lines, keep):
+        if kept:
+            if gap_lines:
+                out.append((False, lines_elision(gap_lines, gap_chars, handle)))
+                gap_lines = gap_chars = 0
+                handle = ""  # named once, in the first marker
+            run.append(line)
+            continue
+        if run:
+            out.append((True, "".join(run)))
+            run = []
+        gap_lines += 1
+        gap_chars += len(line)
+    if run:
+        out.append((True, "".join(run)))
+    if gap_lines:
+        out.append((False, lines_elision(gap_lines, gap_chars, handle)))
+    return out
+
+
+def head_tail(text: str, max_chars: int, inline: bool = False, handle: str = "") -> str:
+    """``text`` cut to about ``max_chars`` (see :func:`truncation_pieces`), as one string."""
+    if max_chars <= 0 or len(text) <= max_chars:
         return text
-    return head + elision(omitted, inline) + tail
+    return "".join(t for _, t in truncation_pieces(text, max_chars, inline=inline,
+                                                   handle=handle))
+
+
+def truncated(text: str, max_chars: int) -> str:
+    """``head_tail`` whose marker names the handle of the original (what dialects'
+    ``truncate`` write: the cliff strategy archives the originals it may apply to)."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    return head_tail(text, max_chars, handle=handle_of(text))
 
 
 class Dialect:

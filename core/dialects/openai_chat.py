@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ..errors import ValidationError
-from .base import Dialect, Part, head_tail, json_text
+from .base import Dialect, Part, json_text, truncated
 from .objects import check_objects, not_an_object
 
 __all__ = ["OpenAIChatDialect"]
@@ -48,7 +48,7 @@ def _has_unknown_part(content: Any) -> bool:
 
 def _truncate_content(content: Any, max_chars: int) -> Any:
     if isinstance(content, str):
-        return content if len(content) <= max_chars else head_tail(content, max_chars)
+        return content if len(content) <= max_chars else truncated(content, max_chars)
     if not isinstance(content, list):
         return content
     out = []
@@ -58,7 +58,7 @@ def _truncate_content(content: Any, max_chars: int) -> Any:
             continue
         text = item.get("text")
         if item.get("type") == "text" and isinstance(text, str) and len(text) > max_chars:
-            item = {**item, "text": head_tail(text, max_chars)}
+            item = {**item, "text": truncated(text, max_chars)}
         out.append(item)
     return content if all(a is b for a, b in zip(out, content)) else out
 

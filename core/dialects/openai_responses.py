@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .base import Dialect, Part, head_tail, json_text
+from .base import Dialect, Part, json_text, truncated
 from .objects import check_objects, not_an_object
 
 __all__ = ["OpenAIResponsesDialect"]
@@ -153,12 +153,12 @@ class OpenAIResponsesDialect(Dialect):
         if kind in _OUTPUTS and isinstance(message.get("output"), str):
             out = message["output"]
             if len(out) > max_chars:
-                return {**message, "output": head_tail(out, max_chars)}
+                return {**message, "output": truncated(out, max_chars)}
             return message
         if kind == "message" and isinstance(message.get("content"), list):
             content = message["content"]
             new = [
-                {**c, "text": head_tail(c["text"], max_chars)}
+                {**c, "text": truncated(c["text"], max_chars)}
                 if isinstance(c, dict) and isinstance(c.get("text"), str)
                 and len(c["text"]) > max_chars else c
                 for c in content

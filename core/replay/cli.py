@@ -127,16 +127,21 @@ def _table(report: ReplayReport) -> Table:
     table = Table(title=f"replay of {len(report.trajectories)} sessions · trigger "
                         f"{report.trigger:,} · prices {report.price.model}")
     for column in ("strategy", "calls", "compactions", "peak", "input tokens", "cached",
-                   "cost", "vs none", "ms/call", "recall", "errors"):
+                   "cost", "vs none", "ms/call", "recall", "+ expand", "user rules",
+                   "errors"):
         table.add_column(column, justify="left" if column == "strategy" else "right",
                          no_wrap=True)
     for name, t in totals.items():
         recall = "–" if t["recall"] is None else f"{t['recall']:.1%}"
+        expand = t.get("recall_with_expand")
+        rules = t.get("user_rules", {}).get("survival")
         table.add_row(name, f"{t['calls']:,}", f"{t['compactions']:,}", _si(t["peak_tokens"]),
                       _si(t["total_input_tokens"]), f"{t['cached_share']:.1%}",
                       f"${t['cost_usd']:,.2f}",
                       f"{t['cost_usd'] / base:.2f}×" if base else "–",
                       f"{t['ms_per_call']:.2f}", recall,
+                      "–" if expand is None else f"{expand:.1%}",
+                      "–" if rules is None else f"{rules:.1%}",
                       f"[red]{t['errors']:,}[/red]" if t["errors"] else "0")
     return table
 

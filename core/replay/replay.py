@@ -17,15 +17,19 @@ order — incrementally, as a live agent would call it — and what it sends is 
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..archive import Archive
 from ..dialects.base import Dialect
 from ..events import CompactionEvent
 from ..pluginmanager import get_plugin_manager, registry
+from ..plugins.rules import is_rule
 from ..tokens import MessageMeter, TokenCounter, make_counter
 from ..trajectory.loaders import Trajectory
 from ..turns import split_turns
@@ -48,6 +52,7 @@ __all__ = [
 #: salient items listed per compaction record (the count is always complete)
 LOST_ITEMS_CAP = 100
 _SYSTEM_KEY = "<system>"
+_HANDLE = re.compile(r"ac-[0-9a-f]{12}")
 
 
 class SharedCounter:
@@ -101,6 +106,13 @@ class StrategyRun:
     present: list[int] = field(default_factory=list)
     compacted: list[bool] = field(default_factory=list)
     recall_count: RecallCount = field(default_factory=RecallCount)
+    #: needed items in context *or one expand away* (in an archived original whose handle
+    #: the context names); ``None`` for a contender without an archive
+    expand_count: RecallCount | None = None
+    #: rule-like user messages (``agentcompact.plugins.rules.is_rule``) before each call,
+    #: and how many of them the context still holds verbatim, summed over calls
+    rules_needed: int = 0
+    rules_present: int = 0
     compactions: list[CompactionRecord] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -110,6 +122,12 @@ class StrategyRun:
                      "compactions", "errors"):
             getattr(self, name).extend(getattr(other, name))
         self.recall_count.merge(other.recall_count)
+        self.rules_needed += other.rules_needed
+        self.rules_present += other.rules_present
+        if other.expand_count is not None:
+            if self.expand_count is None:
+                self.expand_count = RecallCount()
+            self.expand_count.merge(other.expand_count)
 
     def totals(self) -> dict[str, Any]:
         total = sum(self.tokens)
@@ -131,6 +149,15 @@ class StrategyRun:
             "present_items": self.recall_count.present,
             "recall_by_kind": {k: {"needed": n, "present": p, "recall": p / n if n else None}
                                for k, (n, p) in sorted((self.recall_count.by_kind or {}).items())},
+            "user_rules": {"needed": self.rules_needed, "present": self.rules_present,
+                           "survival": (self.rules_present / self.rules_needed
+                                        if self.rules_needed else None)},
+            "recall_with_expand": (self.expand_count.recall if self.expand_count is not None
+                                   else None),
+            "recall_by_kind_with_expand": {
+                k: {"needed": n, "reachable": p, "recall": p / n if n else None}
+                for k, (n, p) in sorted(((self.expand_count.by_kind if self.expand_count
+                                          else None) or {}).items())},
             "errors": len(self.errors),
         }
 
@@ -221,6 +248,8 @@ class _Session:
         self.tokens = measured.tokens
         self.prefix = [0, *itertools.accumulate(self.tokens)]  # prefix[i]: tokens of [:i]
         self.index_of = {id(m): i for i, m in enumerate(self.messages)}
+        self.rules = [i for i, m in enumerate(self.messages)
+                      if dialect.role(m) == "user" and is_rule(_human_text(dialect, m))]
         self.system_tokens = (meter.count_text_message(traj.system) if traj.system else 0)
         self.items = ItemIndex(texts, traj.system or "")
         starts = split_turns(self.messages, dialect).starts
@@ -254,10 +283,14 @@ class _Session:
 class _Accountant:
     """Measures what one contender sends, call after call."""
 
-    def __init__(self, session: _Session, name: str, price: ModelPrice) -> None:
+    def __init__(self, session: _Session, name: str, price: ModelPrice,
+                 archive: Archive | None = None) -> None:
         self.s = session
         self.price = price
         self.run = StrategyRun(name)
+        self.archive = archive
+        if archive is not None:
+            self.run.expand_count = RecallCount()
         # the previous call's message keys: a list, or (``_keys is None``) the system key
         # and the digests of the first ``_keys_at`` original messages (an unchanged history)
         self._keys: list[str] | None = []
@@ -284,6 +317,11 @@ class _Accountant:
                 toks.extend(s.tokens[:at])
                 cached = sum(toks[: _common_prefix(unchanged, self._keys)])
             count = s.all_present(call, needed)
+            if run.expand_count is not None:
+                run.expand_count.merge(count)
+            rules = bisect.bisect_left(s.rules, at)
+            run.rules_needed += rules
+            run.rules_present += rules
         else:
             keys, toks, kept, written = self._measure(sent.messages)
             previous = self._keys
@@ -291,8 +329,16 @@ class _Accountant:
                 previous = self._system_keys()[0] + s.digests[: self._keys_at]
             total, cached = sum(toks), sum(toks[: _common_prefix(keys, previous)])
             count = RecallCount()
+            reachable = RecallCount() if self.archive is not None else None
+            texts = self._expandable(sent.messages) if reachable is not None else []
             for item, kind in needed.items():
-                count.add(kind, s.items.present(item, kept, written))
+                present = s.items.present(item, kept, written)
+                count.add(kind, present)
+                if reachable is not None:
+                    reachable.add(kind, present or any(item in t for t in texts))
+            if reachable is not None and run.expand_count is not None:
+                run.expand_count.merge(reachable)
+            self._count_rules(at, kept, sent.messages)
         before = self._sent_tokens + (s.prefix[at] - s.prefix[self._at] if self._at < at else 0)
         run.tokens.append(total)
         run.cached.append(cached)
@@ -307,6 +353,34 @@ class _Accountant:
         if sent.compacted:
             self._compactions(call, at, sent, before, total, kept, written)
         self._keys, self._keys_at, self._sent_tokens, self._at = keys, at, total, at
+
+    def _count_rules(self, at: int, kept: Collection[int], messages: Sequence[Any]) -> None:
+        s = self.s
+        rules = s.rules[:bisect.bisect_left(s.rules, at)]
+        if not rules:
+            return
+        index_of = s.index_of
+        written = [s.dialect.text_of(m) for m in messages if id(m) not in index_of]
+        self.run.rules_needed += len(rules)
+        for i in rules:
+            if i in kept:
+                self.run.rules_present += 1
+                continue
+            rule = _human_text(s.dialect, s.messages[i])
+            self.run.rules_present += any(rule in w for w in written)
+
+    def _expandable(self, messages: Sequence[Any]) -> list[str]:
+        """Originals one expand away: archived under a handle the messages name."""
+        archive = self.archive
+        if archive is None:
+            return []
+        index_of = self.s.index_of
+        handles: set[str] = set()
+        for m in messages:
+            if id(m) not in index_of:  # written by the strategy: a compaction, a truncation
+                handles.update(_HANDLE.findall(self.s.dialect.text_of(m)))
+        found = (archive.get(h) for h in sorted(handles))
+        return [item.text for item in found if item is not None]
 
     def _system_keys(self) -> tuple[list[str], list[int]]:
         if self.s.system_tokens:
@@ -403,6 +477,18 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
     return lo
 
 
+def _human_text(dialect: Dialect, message: Any) -> str:
+    """The text parts of a user message (what the rules plugin reads), not its results."""
+    return "\n".join(p.text for p in dialect.parts(message) if p.kind == "text" and p.text)
+
+
+def _archive_of(contender: Any) -> Archive | None:
+    """The archive a contender's strategy writes to (the cliff strategy's), if any."""
+    archive = getattr(getattr(getattr(contender, "engine", None), "strategy", None),
+                      "archive", None)
+    return archive if isinstance(archive, Archive) else None
+
+
 def _dropped(event: CompactionEvent) -> list[dict[str, Any]]:
     return [{"index": d.index, "role": d.role, "action": d.action, "tokens": d.tokens,
              "kind": d.kind} for d in event.dropped]
@@ -422,7 +508,8 @@ def replay_trajectory(
     session = _Session(traj, dialect, MessageMeter(counter, dialect))
     chosen = [(contenders or {}).get(name) or build_contender(
         name, dialect, session.meter, traj.system, settings) for name in strategies]
-    accountants = [_Accountant(session, name, price) for name in strategies]
+    accountants = [_Accountant(session, name, price, _archive_of(contender))
+                   for name, contender in zip(strategies, chosen)]
     messages = session.messages
     for call, at in enumerate(session.calls):
         context = messages[:at]

@@ -152,12 +152,23 @@ def _recall_by_kind(report: ReplayReport) -> str:
     head = "<tr><th>strategy</th>" + "".join(f"<th>{_esc(k)}</th>" for k in kinds) + "</tr>"
     rows = []
     for name, t in totals.items():
-        cells = []
-        for k in kinds:
-            c = t["recall_by_kind"].get(k)
-            cells.append(f"<td>{_pct(c['recall']) if c else '–'}</td>")
-        rows.append(f"<tr><td>{_esc(name)}</td>{''.join(cells)}</tr>")
-    return f"<h3>Recall by kind of item</h3><table>{head}{''.join(rows)}</table>"
+        for label, key in (("in context", "recall_by_kind"),
+                           ("+ one expand away", "recall_by_kind_with_expand")):
+            by_kind = t.get(key) or {}
+            if key != "recall_by_kind" and not by_kind:
+                continue
+            cells = []
+            for k in kinds:
+                c = by_kind.get(k)
+                cells.append(f"<td>{_pct(c['recall']) if c else '–'}</td>")
+            rules = (t.get("user_rules") or {}).get("survival") if key == "recall_by_kind" \
+                else None
+            cells.append(f"<td>{_pct(rules)}</td>")
+            rows.append(f"<tr><td>{_esc(name)} <span class='muted'>{label}</span></td>"
+                        f"{''.join(cells)}</tr>")
+    head = head.replace("</tr>", "<th>user rules</th></tr>")
+    return (f"<h3>Recall by kind of item (user rules: rule-like user messages still held "
+            f"verbatim)</h3><table>{head}{''.join(rows)}</table>")
 
 
 def _cumulative(values: Sequence[float]) -> list[float]:

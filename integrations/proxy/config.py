@@ -52,6 +52,9 @@ class ProxyConfig:
     :param log_requests: emit one JSON log line per handled request.
     :param store: prefix store URL (``memory:``, ``sqlite:///PATH``, ``redis://HOST:PORT``):
         replicas given one shared URL send the same compacted prefixes (docs/deploy.md).
+    :param archive: SQLite file where the cliff strategy archives what it drops or
+        truncates (``strategy_options["archive"]``); ``agentcompact mcp --archive`` serves
+        expand from it.
     """
 
     host: str = "127.0.0.1"
@@ -73,8 +76,11 @@ class ProxyConfig:
     read_timeout: float = 600.0
     log_requests: bool = True
     store: str = "memory:"
+    archive: str | None = None
 
     def __post_init__(self) -> None:
+        if self.archive and "archive" not in self.strategy_options:
+            self.strategy_options = {**self.strategy_options, "archive": self.archive}
         if self.trigger <= 0:
             raise ConfigError(f"trigger must be a positive token count, got {self.trigger}")
         if self.target is not None and not 0 < self.target <= self.trigger:

@@ -6,7 +6,7 @@ import pytest
 
 from agentcompact import Budget, Engine, get_dialect, hookimpl, new_plugin_manager
 from agentcompact.strategies.base import CompactionRequest
-from agentcompact.strategies.cliff import CliffStrategy, render_segments
+from agentcompact.strategies.cliff import DEFAULT_LEVELS, CliffStrategy, render_segments
 from agentcompact.tokens import MessageMeter, TiktokenCounter
 
 from .histories import build
@@ -70,7 +70,7 @@ def test_escalates_when_over_budget() -> None:
     msgs = build("anthropic", PLAN)
     req = request("anthropic", msgs, budget=400)
     rendered = CliffStrategy().compact(req)
-    assert rendered.level == 2 and rendered.tokens <= 400
+    assert rendered.level == len(DEFAULT_LEVELS) - 1 and rendered.tokens <= 400
     assert any(i.action == "dropped" for i in rendered.items)
 
 

@@ -1,0 +1,51 @@
+"""Replay shows fidelity: recall "in context" and "or one expand away", and the survival
+of rule-like user messages, per strategy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentcompact.replay import replay
+from agentcompact.trajectory.loaders import Trajectory
+from tests.core.histories import text
+
+RULE = "Never edit files under vendor/ and keep every function under 40 lines."
+
+
+def session() -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in src/app.py"}]
+    for k in range(30):
+        log = f"src/module_{k}.py:{100 + k}: check_value_{k}\n" + text(2_500, k)
+        msgs.append({"role": "assistant", "content": [
+            {"type": "text", "text": f"Looking at module_{k}."},
+            {"type": "tool_use", "id": f"t{k}", "name": "Bash",
+             "input": {"command": f"pytest tests/test_module_{k}.py"}}]})
+        content: list[dict[str, Any]] = [
+            {"type": "tool_result", "tool_use_id": f"t{k}", "content": log}]
+        if k == 2:
+            content.append({"type": "text", "text": RULE})
+        msgs.append({"role": "user", "content": content})
+        # the next turn names what an older result said: needed items, dropped by now
+        old = max(0, k - 6)
+        msgs.append({"role": "assistant", "content": [
+            {"type": "text", "text": f"Earlier, module_{old} said check_value_{old}."},
+            {"type": "tool_use", "id": f"u{k}", "name": "Read",
+             "input": {"file_path": f"src/module_{k}.py"}}]})
+        msgs.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"u{k}", "content": "ok"}]})
+    return msgs
+
+
+def test_replay_reports_expand_recall_and_rules() -> None:
+    traj = Trajectory(source="built", format="anthropic", dialect="anthropic",
+                      messages=session())
+    report = replay([traj], ["cliff", "window"], trigger=12_000)
+    totals = report.totals()
+    cliff, window = totals["cliff"], totals["window"]
+    assert cliff["compactions"] >= 1
+    assert cliff["recall_with_expand"] is not None and window["recall_with_expand"] is None
+    assert cliff["recall_with_expand"] > cliff["recall"]  # dropped results, one expand away
+    assert set(cliff["recall_by_kind_with_expand"]) == set(cliff["recall_by_kind"])
+    assert cliff["user_rules"]["needed"] > 0
+    assert cliff["user_rules"]["survival"] == 1.0  # pinned by the rules plugin
+    assert window["user_rules"]["survival"] < 1.0  # a window drops it
