@@ -15,14 +15,23 @@ from typing import Any
 
 __all__ = ["main"]
 
-# subcommand -> (module with add_parser(subparsers) and run(args), extra that provides it)
+# subcommand -> (module with add_parser(subparsers) and run(args), extra that provides it,
+# the one-line help). Only the module of the command being run is imported, so
+# ``agentcompact --help`` imports no extra (tests/core/test_cli.py checks the help lines
+# against each module's own).
 _EXTERNAL = {
-    "replay": ("agentcompact.replay.cli", None),
-    "export": ("agentcompact.trajectory.export_cli", "export"),
-    "proxy": ("agentcompact.integrations.proxy.cli", "proxy"),
-    "run": ("agentcompact.integrations.proxy.launch", "proxy"),
-    "watch": ("agentcompact.integrations.proxy.watch", "proxy"),
-    "mcp": ("agentcompact.integrations.mcp_server", "mcp"),
+    "replay": ("agentcompact.replay.cli", None,
+               "replay recorded agent sessions through compaction strategies, side by side"),
+    "export": ("agentcompact.trajectory.export_cli", "export",
+               "export runs as RL training rows (Parquet/JSONL)"),
+    "proxy": ("agentcompact.integrations.proxy.cli", "proxy",
+              "run the transparent compaction proxy"),
+    "run": ("agentcompact.integrations.proxy.launch", "proxy",
+            "run a command (claude, codex, …) with the proxy in front of it"),
+    "watch": ("agentcompact.integrations.proxy.watch", "proxy",
+              "live view of a running proxy's sessions"),
+    "mcp": ("agentcompact.integrations.mcp_server", "mcp",
+            "serve expand/search_dropped over an archive (MCP, stdio)"),
 }
 
 
@@ -71,7 +80,9 @@ def _missing(name: str, extra: str | None, error: Exception) -> Callable[[Any], 
     return run
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported (every other subcommand is
+    listed by its help line)."""
     parser = argparse.ArgumentParser(prog="agentcompact", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser("demo", help="run cliff compaction on a built-in long session")
@@ -80,19 +91,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
     plugins = sub.add_parser("plugins", help="list plugins, strategies and dialects")
     plugins.set_defaults(run=_plugins)
-    for name, (module, extra) in _EXTERNAL.items():
+    for name, (module, extra, help_line) in _EXTERNAL.items():
+        if name != command:
+            sub.add_parser(name, help=help_line)
+            continue
         try:
             mod = importlib.import_module(module)
-            mod.add_parser(sub)
-            sub.choices[name].set_defaults(run=mod.run)
         except ImportError as exc:
             sub.add_parser(name, help=f"(needs extra {extra!r})").set_defaults(
                 run=_missing(name, extra, exc))
+            continue
+        mod.add_parser(sub)
+        sub.choices[name].set_defaults(run=mod.run)
     return parser
 
 
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word not starting with ``-``)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     if getattr(args, "run", None) is None:
         parser.print_help()

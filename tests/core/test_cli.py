@@ -29,3 +29,53 @@ def test_plugins_lists_builtins(capsys: pytest.CaptureFixture[str]) -> None:
 def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 0
     assert "demo" in capsys.readouterr().out
+
+
+_EXTRAS = ("aiohttp", "pyarrow", "torch", "transformers", "starlette", "uvicorn", "ray",
+           "redis", "mcp", "langgraph", "llama_index", "openai", "anthropic", "httpx")
+
+
+def test_help_imports_no_extra() -> None:
+    """``agentcompact --help`` lists every subcommand without importing any extra."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom agentcompact.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({_EXTRAS!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "proxy" in out and "export" in out and "mcp" in out
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def _help_lines(command: str | None) -> dict[str, str | None]:
+    import argparse
+
+    from agentcompact.cli import build_parser
+
+    parser = build_parser(command)
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {choice.dest: choice.help for choice in action._choices_actions}
+
+
+def test_help_lines_match_each_subcommands_own() -> None:
+    """The static help line of each lazily imported subcommand is the one its module
+    registers (where its extra is installed)."""
+    from agentcompact.cli import _EXTERNAL
+
+    listed = _help_lines(None)
+    for name in _EXTERNAL:
+        own = _help_lines(name)[name]
+        if own is not None and own.startswith("(needs extra"):
+            continue
+        assert listed[name] == own, name
+
+
+def test_subcommand_without_its_extra_says_which(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "agentcompact.integrations.mcp_server", None)
+    assert main(["mcp"]) == 2
+    assert "agentcompact[mcp]" in capsys.readouterr().err
