@@ -95,6 +95,8 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("chat_template_sha256", pa.string(), nullable=False),
         pa.field("sampling", SAMPLING_TYPE, nullable=False),
         pa.field("messages_json", pa.string(), nullable=True),
+        pa.field("prompt_json", pa.string(), nullable=True),
+        pa.field("tools_json", pa.string(), nullable=True),
         pa.field("advantages", pa.list_(pa.float32()), nullable=False),
         pa.field("returns", pa.list_(pa.float32()), nullable=True),
     ],

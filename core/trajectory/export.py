@@ -100,6 +100,7 @@ class ExportOptions:
     lam: float = 1.0
     eps: float = 1e-6
     keep_messages: bool = False
+    keep_prompts: bool = True
     verify_tokens: bool = False
     progress: bool = False
     validate: bool = True
@@ -177,8 +178,8 @@ def _index(paths: Sequence[str | os.PathLike[str]]) -> _Index:
                 ep.call_group = ep.call_group or ev.data.get("group_id")
             elif ev.kind == "episode_end":
                 ep.end = ev.data
-        if reader.torn_tail is not None:
-            index.torn.append(reader.torn_tail.describe(reader.path))
+        for torn in [*reader.torn_lines, *([reader.torn_tail] if reader.torn_tail else [])]:
+            index.torn.append(torn.describe(reader.path))
     return index
 
 
@@ -241,10 +242,31 @@ def _episode_items(
         if decoder is None:
             continue
         try:
-            yield ev.kind, decoder.from_dict(ev.data)  # type: ignore[attr-defined]
-        except TypeError as exc:
-            raise TrajectoryError(f"{ctx.logs[log]}:{line}: bad {ev.kind} event: {exc}"
-                                  ) from exc
+            value = decoder.from_dict(ev.data)  # type: ignore[attr-defined]
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            # the exception text may quote values: only its type and the place are named
+            raise TrajectoryError(f"{ctx.logs[log]}:{line}: malformed {ev.kind} event "
+                                  f"({type(exc).__name__}: its fields do not fit "
+                                  f"{decoder.__name__})") from None
+        if ev.kind == "model_call":
+            _check_call(value, ctx.logs[log], line)
+        yield ev.kind, value
+
+
+def _check_call(call: ModelCall, path: Path, line: int) -> None:
+    """The field types the segment builder relies on, checked up front (a wrong one would
+    fail deep inside a dialect with a traceback)."""
+    where = f"{path}:{line}: malformed model_call event"
+    for name in ("messages", "response"):
+        if not isinstance(getattr(call, name), list):
+            raise TrajectoryError(f"{where}: {name} is {type(getattr(call, name)).__name__}, "
+                                  "not a list")
+    if not isinstance(call.request, dict) or not isinstance(call.dialect, str):
+        raise TrajectoryError(f"{where}: request must be an object and dialect a string")
+    for name in ("prompt_token_ids", "response_token_ids", "response_logprobs"):
+        value = getattr(call, name)
+        if value is not None and not isinstance(value, list):
+            raise TrajectoryError(f"{where}: {name} is {type(value).__name__}, not a list")
 
 
 @dataclass(frozen=True)
@@ -297,8 +319,15 @@ def _export_episode(ctx: _Context, job: _Job) -> _Done:
     """Read one episode's events back, cut them into segments and build its rows."""
     opts = ctx.opts
     items = list(_episode_items(ctx, job.spans))
-    segs = build_segments(items, ctx.tok, summary_trained=opts.summary_trained,
-                          verify=opts.verify_tokens, keep_messages=opts.keep_messages)
+    try:
+        segs = build_segments(items, ctx.tok, summary_trained=opts.summary_trained,
+                              verify=opts.verify_tokens, keep_messages=opts.keep_messages,
+                              keep_prompts=opts.keep_prompts)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        first, last = job.spans[0], job.spans[-1]
+        raise TrajectoryError(
+            f"{ctx.logs[first[0]]}:{first[3]}-{last[3]}: episode {job.episode_id!r}: a "
+            f"malformed event ({type(exc).__name__} while building its segments)") from None
     adv = {} if job.advantage is None else {job.episode_id: job.advantage}
     rows = _with_advantages(_rows(job, segs, ctx.tok, opts), adv, opts)
     compactions = sum(1 for kind, _ in items if kind == "compaction")
@@ -337,7 +366,8 @@ def _rows(
             "mask_episode": masked, "loss_weight": 1.0,
             "episode_num_loss_tokens": loss_tokens, "episode_num_segments": k,
             "policy_version": s.policy_version, **tok.info(), "sampling": s.sampling,
-            "messages_json": s.messages_json, "advantages": np.zeros(n, dtype=np.float32),
+            "messages_json": s.messages_json, "prompt_json": s.prompt_json,
+            "tools_json": s.tools_json, "advantages": np.zeros(n, dtype=np.float32),
             "returns": None,
         })
     return rows

@@ -83,6 +83,8 @@ class Segment:
     compaction_trigger: str = "none"
     break_reason: str = ""  # why the next segment started: compaction/context/template/tokens
     messages_json: str | None = None
+    prompt_json: str | None = None  # the prompt's chat-template messages (JSON list)
+    tools_json: str | None = None  # the tool schemas of the prompt (chat-template form)
 
     @property
     def working_context(self) -> int:
@@ -269,6 +271,7 @@ class _Builder:
         self.queued = 0  # characters of queued text
         self.stream: TokenStream | None = None
         self.chat = to_chat_messages(call.messages, self.dialect, self.system)
+        self.prompt_chat = self.chat
         if self.recorded:
             self.stream = TokenStream.from_ids(tok, call.prompt_token_ids or [])
         else:
@@ -429,7 +432,7 @@ class _Builder:
         self.logprobs_known = False
         return True
 
-    def close(self, *, keep_messages: bool) -> Segment:
+    def close(self, *, keep_messages: bool, keep_prompts: bool = True) -> Segment:
         s = self.stream
         assert s is not None, "flush() the builder before closing it"
         s.verify()
@@ -447,6 +450,9 @@ class _Builder:
             summary_span=list(getattr(self, "span", [])),
             summary_trained=hasattr(self, "span"),
             messages_json=orjson.dumps(self.chat).decode() if keep_messages else None,
+            prompt_json=orjson.dumps(self.prompt_chat).decode() if keep_prompts else None,
+            tools_json=orjson.dumps(self.tools).decode()
+            if keep_prompts and self.tools is not None else None,
         )
 
 
@@ -458,6 +464,7 @@ def _close(
     reason: str,
     summary_trained: bool | None,
     keep_messages: bool,
+    keep_prompts: bool = True,
 ) -> Segment:
     builder.check()
     if reason:
@@ -467,7 +474,7 @@ def _close(
                 if not builder.append_summary(summary):
                     logger.warning("summary %s: template not prefix-stable, not appended",
                                    summary.call_id)
-    segment = builder.close(keep_messages=keep_messages)
+    segment = builder.close(keep_messages=keep_messages, keep_prompts=keep_prompts)
     segment.break_reason = "compaction" if reason and compaction is not None else reason
     if reason and compaction is not None:
         segment.compaction_trigger = TRIGGERS.get(compaction.reason, "token_budget")
@@ -482,6 +489,7 @@ def build_segments(
     verify: bool = False,
     keep_messages: bool = False,
     window: bool = True,
+    keep_prompts: bool = True,
 ) -> list[Segment]:
     """Segments of one episode from its events in log order.
 
@@ -491,6 +499,8 @@ def build_segments(
     :param summary_trained: override ``SummaryCall.trained`` for every summary.
     :param verify: check each segment's ids against a full encode of its text.
     :param keep_messages: fill ``messages_json`` (chat-template messages, for debugging).
+    :param keep_prompts: fill ``prompt_json`` / ``tools_json`` (the segment's prompt
+        messages and tool schemas: verl's dataset ``prompt`` column).
     :param window: render each call's prompt from a short window of the conversation
         (checked against one full render per segment, see ``_Window``); ``False`` renders
         the whole conversation on every call. The segments are the same either way.
@@ -507,7 +517,8 @@ def build_segments(
     def close(reason: str, before: CompactionEvent | None, done: list[SummaryCall]) -> None:
         assert builder is not None
         segments.append(_close(builder, before, done, reason=reason,
-                               summary_trained=summary_trained, keep_messages=keep_messages))
+                               summary_trained=summary_trained, keep_messages=keep_messages,
+                               keep_prompts=keep_prompts))
 
     i = 0
     while i < len(items):

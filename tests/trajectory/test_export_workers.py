@@ -143,7 +143,7 @@ def test_worker_errors_and_log_records_are_the_exporters(
             export_runs(logs, tmp_path / f"bad{workers}", tok, ExportOptions(workers=workers))
         errors.append(str(info.value))
     assert errors[0] == errors[1]
-    assert errors[0].startswith(f"{logs[1]}:{at + 1}: bad model_call event:")
+    assert errors[0].startswith(f"{logs[1]}:{at + 1}: malformed model_call event")
 
 
 def test_workers_option_checked_and_on_the_cli(tmp_path: Path, tok: ChatTokenizer) -> None:
