@@ -271,8 +271,12 @@ def to_trl_rollout(rows: Sequence[Row]) -> dict[str, list[list[Any]]]:
     """TRL ``GRPOTrainer(rollout_func=...)`` output, one entry per row.
 
     ``env_mask`` is 1 on policy-sampled tokens and 0 on tool/observation/glue tokens (and
-    everywhere in masked episodes). Maps 1:1 to episodes only when each episode is one row.
+    everywhere in masked episodes). Maps 1:1 to episodes only when each episode is one row;
+    for compacted episodes use :class:`agentcompact.rl.trl.SegmentGRPOTrainer`.
+
+    :raises ValidationError: rows without rollout logprobs.
     """
+    require_logprobs(rows, "to_trl_rollout")
     return {
         "prompt_ids": [list(r["prompt_ids"]) for r in rows],
         "completion_ids": [list(r["response_ids"]) for r in rows],
@@ -305,7 +309,10 @@ def to_skyrl(rows: Sequence[Row]) -> dict[str, Any]:
     ``{"instance_id": group_id, "repetition_id": sample_index}`` (pass them to
     ``TrajectoryID(**d)``); ``is_last_step`` marks each episode's last segment, whose
     advantage SkyRL broadcasts to the earlier steps.
+
+    :raises ValidationError: rows without rollout logprobs.
     """
+    require_logprobs(rows, "to_skyrl")
     return {
         "prompt_token_ids": [list(r["prompt_ids"]) for r in rows],
         "response_ids": [list(r["response_ids"]) for r in rows],
