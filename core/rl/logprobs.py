@@ -42,22 +42,16 @@ DEFAULT_VOCAB_CHUNK = 16384
 
 
 def response_positions(
-    batch: Mapping[str, Any], *, all_response: bool = False
+    batch: Mapping[str, Any], *, mask_key: str = "loss_mask"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rows, positions)`` of the tokens the loss reads, as 1-D long tensors.
 
-    :param batch: a collated batch (``loss_mask``, ``response_start``, ``attention_mask``).
-    :param all_response: every response token (e.g. to recompute rollout logprobs of mask-0
-        tokens too), not only loss-mask-1 ones.
+    :param batch: a collated batch (``agentcompact.rl.torch_data.collate``).
+    :param mask_key: the batch mask selecting them: ``loss_mask`` (default), or
+        ``response_mask`` (every sampled token, masked episodes included: what
+        ``--recompute-logprobs`` fills).
     """
-    if all_response:
-        t = batch["attention_mask"].shape[1]
-        cols = torch.arange(t, device=batch["attention_mask"].device)
-        inside = cols.unsqueeze(0) >= batch["response_start"].unsqueeze(1)
-        select = inside & batch["attention_mask"].bool()
-    else:
-        select = batch["loss_mask"] > 0
-    rows, positions = select.nonzero(as_tuple=True)
+    rows, positions = (batch[mask_key] > 0).nonzero(as_tuple=True)
     if positions.numel() and int(positions.min()) == 0:
         raise ValidationError("a loss token at position 0 has no logit predicting it")
     return rows, positions
@@ -115,7 +109,7 @@ def chosen_logprobs(
     *,
     token_chunk: int = DEFAULT_TOKEN_CHUNK,
     vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
-    all_response: bool = False,
+    mask_key: str = "loss_mask",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probabilities of the batch's tokens at its loss positions, from hidden states.
 
@@ -126,7 +120,7 @@ def chosen_logprobs(
     :returns: ``(logprobs [N], rows [N], positions [N])`` — differentiable w.r.t. both
         ``hidden`` and ``lm_head_weight``.
     """
-    rows, positions = response_positions(batch, all_response=all_response)
+    rows, positions = response_positions(batch, mask_key=mask_key)
     device = hidden.device
     rows, positions = rows.to(device), positions.to(device)
     targets = batch["input_ids"].to(device)[rows, positions]
@@ -141,11 +135,11 @@ def chosen_logprobs_from_logits(
     batch: Mapping[str, Any],
     *,
     token_chunk: int = DEFAULT_TOKEN_CHUNK,
-    all_response: bool = False,
+    mask_key: str = "loss_mask",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Like :func:`chosen_logprobs` from ``[B, T, V]`` logits: only response positions are
     gathered and log-softmaxed (``N × V`` more memory, never ``T × V``)."""
-    rows, positions = response_positions(batch, all_response=all_response)
+    rows, positions = response_positions(batch, mask_key=mask_key)
     device = logits.device
     rows, positions = rows.to(device), positions.to(device)
     targets = batch["input_ids"].to(device)[rows, positions]

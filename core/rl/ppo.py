@@ -105,7 +105,6 @@ def _loss(logp: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
           **clip: Any) -> torch.Tensor:
     device = logp.device
     if old_logprobs == "rollout":
-        require_rollout_logprobs(batch)
         old = batch["old_logprobs"].to(device)[rows, positions]
     elif old_logprobs == "detached":
         old = logp.detach()
@@ -114,6 +113,14 @@ def _loss(logp: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
     adv = batch["advantages"].to(device)[rows, positions]
     w = weights.to(device)[rows, positions]
     return (w * surrogate(logp, old, adv, **clip)).sum()
+
+
+def _check_old(batch: Mapping[str, Any], old_logprobs: str) -> None:
+    """Before any compute: the rows have what ``old_logprobs`` asks for."""
+    if old_logprobs not in ("rollout", "detached"):
+        raise ConfigError(f"old_logprobs {old_logprobs!r}: choose 'rollout' or 'detached'")
+    if old_logprobs == "rollout":
+        require_rollout_logprobs(batch)
 
 
 def _weights(batch: Mapping[str, Any], mode: str | None) -> torch.Tensor:
@@ -137,6 +144,7 @@ def policy_loss(
 
     :returns: a float32 scalar, differentiable w.r.t. ``logits``.
     """
+    _check_old(batch, old_logprobs)
     logp, rows, positions = chosen_logprobs_from_logits(logits, batch, token_chunk=token_chunk)
     return _loss(logp, rows, positions, batch, _weights(batch, mode), old_logprobs,
                  clip_eps=clip_eps, clip_eps_high=clip_eps_high, clip_ratio_c=clip_ratio_c)
@@ -160,6 +168,7 @@ def policy_loss_from_hidden(
         hidden = model.model(input_ids=..., attention_mask=..., position_ids=...)
         loss = policy_loss_from_hidden(hidden.last_hidden_state, model.lm_head.weight, batch)
     """
+    _check_old(batch, old_logprobs)
     logp, rows, positions = chosen_logprobs(hidden, lm_head_weight, batch,
                                             token_chunk=token_chunk, vocab_chunk=vocab_chunk)
     return _loss(logp, rows, positions, batch, _weights(batch, mode), old_logprobs,

@@ -106,6 +106,11 @@ class ExportOptions:
     validate: bool = True
     workers: int | None = None
     start_method: str | None = None
+    #: a Hugging Face causal LM (name or path) whose log-probabilities fill
+    #: ``rollout_logprobs`` of every sampled token (``agentcompact.rl.recompute``)
+    recompute_logprobs: str | None = None
+    recompute_device: str = "cpu"
+    recompute_batch_tokens: int = 16384
 
     def check(self) -> None:
         if self.fmt not in ("parquet", "jsonl"):
@@ -117,6 +122,9 @@ class ExportOptions:
         unknown = set(self.mask_stop_reasons) - STOP_REASONS
         if unknown:
             raise ConfigError(f"mask_stop_reasons: unknown stop reasons {sorted(unknown)}")
+        if self.recompute_batch_tokens < 1:
+            raise ConfigError(f"recompute_batch_tokens must be >= 1, got "
+                              f"{self.recompute_batch_tokens}")
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"workers must be >= 1 (or None: automatic), got {self.workers}")
         methods = multiprocessing.get_all_start_methods()
@@ -776,6 +784,7 @@ def export_runs(
         1 for ep in index.episodes.values() if not ep.calls))
     total = sum(len(eps) for eps in groups.values())
     start_method = opts.start_method or default_start_method()
+    recompute = _recomputer(opts)
     episodes = _Episodes(_Context(index.logs, tok, opts), _workers(opts, total, start_method),
                          start_method)
     with episodes:  # worker processes (if any) start before the writer opens files
@@ -791,6 +800,8 @@ def export_runs(
                 for size in sizes:
                     for _ in range(size):
                         done = next(results)
+                        if recompute is not None:
+                            done.rows = recompute(done.rows)
                         counts.add(done)
                         writer.add(done.rows, done.episode)
                         bar.update(task, advance=1, segments=counts.segments)
@@ -802,6 +813,17 @@ def export_runs(
     if opts.validate:
         validate_export(out)
     return manifest
+
+
+def _recomputer(opts: ExportOptions) -> Any:
+    if opts.recompute_logprobs is None:
+        return None
+    try:
+        from ..rl.recompute import LogprobRecomputer
+    except ImportError as exc:
+        raise ConfigError("--recompute-logprobs needs torch (the `rl` extra)") from exc
+    return LogprobRecomputer(opts.recompute_logprobs, device=opts.recompute_device,
+                             batch_tokens=opts.recompute_batch_tokens)
 
 
 def _manifest(index: _Index, tok: ChatTokenizer, opts: ExportOptions, counts: _Counts,
@@ -818,6 +840,7 @@ def _manifest(index: _Index, tok: ChatTokenizer, opts: ExportOptions, counts: _C
                       "lam": opts.lam, "values": "zero (no critic)"
                       if opts.advantage.startswith("gae") else None},
         "summary_trained_override": opts.summary_trained,
+        "logprobs": {"recomputed_with": opts.recompute_logprobs},
         "mask_stop_reasons": sorted(opts.mask_stop_reasons),
         "counts": {k: v for k, v in vars(counts).items()},
         "files": {"segments": writer.files,

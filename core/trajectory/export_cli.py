@@ -68,6 +68,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="processes exporting episodes (the rows are the same for any N); "
                    f"default: the available CPUs, at most {MAX_AUTO_WORKERS}, fewer for a "
                    "small export; 1: all in this process")
+    p.add_argument("--no-prompts", action="store_true",
+                   help="leave prompt_json / tools_json out (verl's parquet needs them)")
+    p.add_argument("--recompute-logprobs", metavar="MODEL", default=None,
+                   help="fill rollout_logprobs with this Hugging Face causal LM (name or path) "
+                   "where the server reported none")
+    p.add_argument("--recompute-device", default="cpu", help="device of --recompute-logprobs")
+    p.add_argument("--recompute-batch-tokens", type=int, default=16384,
+                   help="tokens per forward pass of --recompute-logprobs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -78,6 +86,9 @@ def _options(args: argparse.Namespace) -> ExportOptions:
         summary_trained=args.summary_trained, mask_stop_reasons=reasons, gamma=args.gamma,
         lam=args.lam, keep_messages=args.messages,
         progress=not args.no_progress and sys.stderr.isatty(), workers=args.workers,
+        keep_prompts=not args.no_prompts, recompute_logprobs=args.recompute_logprobs,
+        recompute_device=args.recompute_device,
+        recompute_batch_tokens=args.recompute_batch_tokens,
     )
 
 
