@@ -68,6 +68,8 @@ def redact(value: Any) -> Any:
         return {k: REDACTED if is_secret_key(k) else redact(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         if len(value) == 2 and is_secret_key(value[0]) and not isinstance(value[1], Mapping):
-            return type(value)([value[0], REDACTED])
-        return type(value)(redact(v) for v in value)
+            items = [value[0], REDACTED]
+        else:
+            items = [redact(v) for v in value]
+        return tuple(items) if isinstance(value, tuple) else items
     return value

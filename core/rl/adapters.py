@@ -11,7 +11,7 @@ Everywhere, the loss mask is ``response_mask · (1 − mask_episode)``: trainers
 ``mask_episode``. Rewards sit where verl expects them (:func:`agentcompact.rl.gae.token_rewards`):
 the episode reward on the last mask-1 token of the episode's last segment. **GRPO caveat:** a
 trainer that groups *rows* by ``uid`` and sums their rewards computes the wrong statistics
-for split episodes (``RL_EXPORT.md`` Example 3) — feed it the rows' precomputed
+for split episodes (docs/rl-math.md Example 3) — feed it the rows' precomputed
 ``advantages`` instead (included in every layout that has a place for them).
 """
 

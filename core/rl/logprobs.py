@@ -125,8 +125,8 @@ def chosen_logprobs(
     rows, positions = rows.to(device), positions.to(device)
     targets = batch["input_ids"].to(device)[rows, positions]
     selected = hidden[rows, positions - 1]
-    out = _ChunkedChosenLogprob.apply(selected, lm_head_weight, targets, token_chunk,
-                                      vocab_chunk)
+    out: torch.Tensor = _ChunkedChosenLogprob.apply(  # type: ignore[no-untyped-call]  # torch
+        selected, lm_head_weight, targets, token_chunk, vocab_chunk)
     return out, rows, positions
 
 

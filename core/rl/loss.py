@@ -1,6 +1,6 @@
 """Loss aggregation modes as per-token weights: ``loss = Σ_i Σ_t w_{i,t} · ℓ_{i,t}``.
 
-With ``m`` the loss mask and ``n_i = Σ_t m_{i,t}`` (``RL_EXPORT.md``, "Loss aggregation"):
+With ``m`` the loss mask and ``n_i = Σ_t m_{i,t}`` (docs/rl-math.md, "Loss aggregation"):
 
 ==========================  =====================================  ==============================
 mode                        weight ``w_{i,t}``                     used by

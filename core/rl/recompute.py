@@ -82,9 +82,9 @@ class LogprobRecomputer:
                                   "not the model of this tokenizer")
         batch = collate(rows, pad_token_id=0)
         with torch.no_grad():
-            logp, which, _ = self._logprobs(batch)
+            logp, owner, _ = self._logprobs(batch)
         values = logp.float().cpu().numpy()
-        which = which.cpu().numpy()
+        which = owner.cpu().numpy()
         for b, r in enumerate(rows):
             mask = np.asarray(r["response_mask"], dtype=bool)
             lp = np.zeros(len(mask), dtype=np.float32)

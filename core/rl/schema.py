@@ -1,11 +1,11 @@
 """The segment-row schema (``agentcompact-traj/1``) and its validator.
 
 A *segment row* is one working-context window of one episode, as a plain ``dict`` with the
-fields of the table in ``RL_EXPORT.md`` plus ``advantages`` (per response token, 0.0 where the
+fields of the table in docs/rl-math.md plus ``advantages`` (per response token, 0.0 where the
 mask is 0) and the optional ``returns`` (GAE). This module owns:
 
 * ``SEGMENT_SCHEMA`` / ``EPISODE_SCHEMA`` — the Arrow types used for Parquet;
-* ``validate_rows(rows)`` — every invariant of ``RL_EXPORT.md``; the error names the row,
+* ``validate_rows(rows)`` — every invariant of docs/rl-math.md; the error names the row,
   episode, segment and field of each problem;
 * ``rows_to_table`` / ``table_to_rows`` and JSONL/Parquet readers and writers whose round trip
   is bit-exact (float fields are float32 in Arrow; :func:`to_float32` makes Python rows agree).

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from trl import GRPOTrainer
+from trl.trainer.grpo_trainer import GRPOTrainer
 
 from agentcompact.errors import ConfigError, ValidationError
 from agentcompact.rl.adapters import require_logprobs
@@ -95,7 +95,7 @@ def trl_batch(output: dict[str, list[Any]], pad_token_id: int,
     }
 
 
-class SegmentGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no type stubs
+class SegmentGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose ``rollout_func`` returns :func:`to_trl_episodes` rows (see the
     module docstring for the contract)."""
 
@@ -113,11 +113,14 @@ class SegmentGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl ships no typ
         if members != list(range(len(prompts))):
             raise ValidationError(f"rollout_func: rows cover prompts {members[:8]}, expected "
                                   f"each of 0..{len(prompts) - 1} (one episode per prompt)")
-        steps = self.args.steps_per_generation if self.model.training else 1
+        training = bool(getattr(self.model, "training", True))
+        steps = int(getattr(self.args, "steps_per_generation", 1)) if training else 1
         if len(output["prompt_ids"]) % steps:
             raise ConfigError(f"{len(output['prompt_ids'])} segment rows do not split into "
                               f"steps_per_generation={steps} equal parts (set it to 1)")
-        pad = self.processing_class.pad_token_id
+        pad = getattr(self.processing_class, "pad_token_id", None)
+        if pad is None:
+            raise ConfigError("SegmentGRPOTrainer: the processing_class has no pad_token_id")
         batch: dict[str, Any] = trl_batch(output, pad, self.accelerator.device)
         loss_tokens = batch["tool_mask"].sum()
         batch["num_items_in_batch"] = self.accelerator.gather(loss_tokens).sum()

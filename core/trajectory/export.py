@@ -30,6 +30,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -760,14 +761,42 @@ def export_runs(
     out_dir: str | os.PathLike[str],
     tokenizer: ChatTokenizer | str | os.PathLike[str],
     options: ExportOptions | None = None,
+    *,
+    keep_events: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
-    """Export recorded runs (run folders or ``events.jsonl`` files) to ``out_dir``.
+    """Export runs to ``out_dir``: what ``agentcompact export`` accepts.
 
-    :param runs: event logs; an episode may not span two logs.
+    :param runs: recorded runs (folders holding ``events.jsonl``, or such files) and
+        trajectory files / folders the loaders read (Claude Code, SWE-agent,
+        mini-swe-agent, tau-bench, message lists), converted to events first
+        (``agentcompact.trajectory.importers``); an episode may not span two logs.
     :param out_dir: created if missing; existing segment files in it are an error.
     :param tokenizer: the trainer's tokenizer (name, path, or a ``ChatTokenizer``).
+    :param keep_events: a folder to keep the events converted from trajectory files in
+        (default: a temporary folder, removed afterwards).
     :returns: the manifest (also written to ``out_dir/manifest.json``).
     """
+    from .importers import import_trajectories, is_event_log
+
+    logs = [r for r in runs if is_event_log(r)]
+    files = [r for r in runs if not is_event_log(r)]
+    if not files:
+        return _export_logs(logs, out_dir, tokenizer, options)
+    with tempfile.TemporaryDirectory(prefix="agentcompact-import-") as tmp:
+        folder = Path(keep_events) if keep_events is not None else Path(tmp)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        events = folder / "events.jsonl"
+        count = import_trajectories(files, events)
+        logger.info("converted %d trajectories to %s", count, events)
+        return _export_logs([*logs, events], out_dir, tokenizer, options)
+
+
+def _export_logs(
+    runs: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tokenizer: ChatTokenizer | str | os.PathLike[str],
+    options: ExportOptions | None = None,
+) -> dict[str, Any]:
     opts = options or ExportOptions()
     opts.check()
     tok = tokenizer if isinstance(tokenizer, ChatTokenizer) else (

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from .export import (
     ExportOptions,
     export_runs,
 )
-from .importers import import_trajectories, is_event_log
 
 __all__ = ["add_parser", "main", "run"]
 
@@ -94,17 +92,9 @@ def _options(args: argparse.Namespace) -> ExportOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``agentcompact export``; returns the exit status (0 ok, 1 error)."""
-    logs = [r for r in args.runs if is_event_log(r)]
-    files = [r for r in args.runs if not is_event_log(r)]
     try:
-        with tempfile.TemporaryDirectory(prefix="agentcompact-import-") as tmp:
-            if files:
-                events = (args.keep_events or Path(tmp)) / "events.jsonl"
-                events.parent.mkdir(parents=True, exist_ok=True)
-                count = import_trajectories(files, events)
-                logger.info("converted %d trajectories to %s", count, events)
-                logs.append(str(events))
-            manifest = export_runs(logs, args.out, args.tokenizer, _options(args))
+        manifest = export_runs(args.runs, args.out, args.tokenizer, _options(args),
+                               keep_events=args.keep_events)
     except AgentCompactError as exc:
         print(f"agentcompact export: error: {exc}", file=sys.stderr)
         return 1

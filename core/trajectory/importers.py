@@ -20,7 +20,7 @@ import orjson
 from ..events import CompactionEvent, EpisodeEnd, ModelCall
 from .loaders import Trajectory, iter_trajectories
 
-__all__ = ["import_trajectories", "is_event_log", "trajectory_events"]
+__all__ = ["import_trajectories", "is_event_log", "stop_reason", "trajectory_events"]
 
 
 def is_event_log(path: str | os.PathLike[str]) -> bool:
@@ -57,6 +57,27 @@ def _request(traj: Trajectory) -> dict[str, Any]:
     return {"system": traj.system} if traj.system else {}
 
 
+def stop_reason(traj: Trajectory) -> str:
+    """The episode's stop reason from what its file says (``metadata["exit_status"]`` of
+    SWE-agent / mini-swe-agent): ``submitted`` (or nothing said) → ``complete``; a status
+    naming a context limit → ``context_length``; a step, turn or cost limit → ``max_turns``;
+    a timeout → ``timeout``; any other status (``InternalServerError``, ``FormatError``,
+    exceptions...) → ``error``, which the exporter masks by default."""
+    status = traj.metadata.get("exit_status")
+    if not isinstance(status, str) or not status.strip():
+        return "complete"
+    s = status.strip().lower().replace("_", "").replace(" ", "")
+    if s in ("submitted", "completed", "complete", "success", "done", "finished"):
+        return "complete"
+    if "context" in s:
+        return "context_length"
+    if "timeout" in s or "timedout" in s:
+        return "timeout"
+    if "limit" in s or "maxsteps" in s or "maxturns" in s:
+        return "max_turns"
+    return "error"
+
+
 def trajectory_events(traj: Trajectory) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(kind, data)`` events of one trajectory, in the order a recorder would log them."""
     episode = traj.source
@@ -82,10 +103,11 @@ def trajectory_events(traj: Trajectory) -> Iterator[tuple[str, dict[str, Any]]]:
             call_id=f"{episode}@{i}", group_id=group, compacted=marks > 0,
         ).to_dict()
     yield "episode_end", EpisodeEnd(
-        episode_id=episode, reward=traj.reward, stop_reason="complete", group_id=group,
+        episode_id=episode, reward=traj.reward, stop_reason=stop_reason(traj), group_id=group,
         sample_index=traj.sample_index,
         metadata={"source": traj.source, "format": traj.format,
-                  "reward_in_file": traj.reward is not None},
+                  "reward_in_file": traj.reward is not None,
+                  "exit_status": traj.metadata.get("exit_status")},
     ).to_dict()
 
 
