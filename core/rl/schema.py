@@ -53,8 +53,11 @@ __all__ = [
 
 SCHEMA_VERSION = "agentcompact-traj/1"
 COMPACTION_TRIGGERS = frozenset({"token_budget", "turn_limit", "model_initiated", "none"})
+#: ``prefix_break``: a segment that ended because the next context does not extend its
+#: tokens / template / messages although nothing was compacted (see ``segment_break``)
 STOP_REASONS = frozenset(
-    {"compacted", "complete", "context_length", "max_turns", "timeout", "error"}
+    {"compacted", "prefix_break", "complete", "context_length", "max_turns", "timeout",
+     "error"}
 )
 
 SAMPLING_TYPE = pa.struct(
@@ -97,6 +100,7 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("messages_json", pa.string(), nullable=True),
         pa.field("prompt_json", pa.string(), nullable=True),
         pa.field("tools_json", pa.string(), nullable=True),
+        pa.field("segment_break", pa.string(), nullable=True),
         pa.field("advantages", pa.list_(pa.float32()), nullable=False),
         pa.field("returns", pa.list_(pa.float32()), nullable=True),
     ],

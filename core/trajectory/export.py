@@ -209,7 +209,7 @@ def _outcomes(groups: Mapping[str, list[_Episode]]) -> dict[str, _Outcome]:
             end = ep.end or {}
             reward = end.get("reward")
             stop = str(end.get("stop_reason", "error"))
-            if stop not in STOP_REASONS or stop == "compacted":
+            if stop not in STOP_REASONS or stop in ("compacted", "prefix_break"):
                 logger.warning("episode %s: stop_reason %r read as 'error'", ep.episode_id, stop)
                 stop = "error"
             out[ep.episode_id] = _Outcome(
@@ -369,9 +369,12 @@ def _rows(
             "response_mask": np.array(s.response_mask, dtype=np.int8),
             "rollout_logprobs": np.array(s.rollout_logprobs, dtype=np.float32),
             "summary_span": s.summary_span, "summary_trained": s.summary_trained,
-            "compaction_trigger": "none" if last else s.compaction_trigger,
+            "compaction_trigger": "none" if last or s.break_reason != "compaction"
+            else s.compaction_trigger,
             "episode_reward": outcome.reward, "segment_reward": 0.0,
-            "stop_reason": outcome.stop_reason if last else "compacted",
+            "stop_reason": outcome.stop_reason if last else (
+                "compacted" if s.break_reason == "compaction" else "prefix_break"),
+            "segment_break": None if last else s.break_reason,
             "mask_episode": masked, "loss_weight": 1.0,
             "episode_num_loss_tokens": loss_tokens, "episode_num_segments": k,
             "policy_version": s.policy_version, **tok.info(), "sampling": s.sampling,

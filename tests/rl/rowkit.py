@@ -51,6 +51,7 @@ def make_row(**fields: Any) -> dict[str, Any]:
         "messages_json": None,
         "prompt_json": None,
         "tools_json": None,
+        "segment_break": None,
         "advantages": [0.0, 0.0, 0.0],
     }
     row.update(fields)

@@ -215,3 +215,28 @@ def test_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_read_rows_of_an_export_folder_is_its_segment_rows(tau_export: Path) -> None:
     rows = read_export(tau_export)
     assert len(rows) == 200 and read_rows(tau_export) == rows  # not the episode table too
+
+
+def test_a_token_break_is_labelled_prefix_break_never_compacted(
+        tmp_path: Path, tok: ChatTokenizer) -> None:
+    from agentcompact.events import ModelCall
+
+    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
+    reply = {"role": "assistant", "content": "ok"}
+    calls = [
+        ModelCall(episode_id="e", dialect="openai_chat", messages=history, response=[reply],
+                  prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5],
+                  response_logprobs=[-0.1, -0.2], group_id="g"),
+        ModelCall(episode_id="e", dialect="openai_chat",
+                  messages=[*history, reply, {"role": "user", "content": "more"}],
+                  response=[reply], prompt_token_ids=[1, 2, 3, 4, 6, 7],
+                  response_token_ids=[8], response_logprobs=[-0.3], group_id="g"),
+    ]
+    record(tmp_path / "run", [[("model_call", c) for c in calls]],
+           [EpisodeEnd(episode_id="e", reward=1.0, group_id="g")])
+    export_runs([tmp_path / "run"], tmp_path / "out", tok, ExportOptions(workers=1))
+    rows = read_rows(tmp_path / "out")
+    assert [r["stop_reason"] for r in rows] == ["prefix_break", "complete"]
+    assert [r["segment_break"] for r in rows] == ["tokens", None]
+    assert rows[0]["compaction_trigger"] == "none"
+    assert rows[0]["sampling"]["logprobs_mode"] != "none"  # engine logprobs kept

@@ -150,16 +150,38 @@ def test_template_that_rewrites_history_starts_new_segments(tok: ChatTokenizer) 
     assert qwen3ish.chat_template_sha256 != tok.chat_template_sha256
 
 
-def test_leading_newlines_break_at_token_level(tok: ChatTokenizer) -> None:
-    """'assistant\\n' + '\\n\\nText' tokenizes as one newline run: an engine would have
-    sampled the newlines separately, so the next prompt is not a token prefix-extension."""
+def test_leading_newlines_do_not_end_a_segment_without_engine_ids(tok: ChatTokenizer) -> None:
+    """'assistant\\n' + '\\n\\nText' tokenizes as one newline run, so the text of the next
+    prompt does not tokenize as a prefix-extension. Without engine ids that is an artefact
+    of tokenizing, not a compaction: the segment goes on, the sampled piece keeps its own
+    ids (as a token-in-token-out agent loop would) and the ids still extend call by call."""
     events = agent_loop("e", 3)
     first: ModelCall = events[0][1]
     first.response[0]["content"] = "\n\nStep 0: listing."
     for _, call in events[1:]:
         call.messages[2] = first.response[0]
-    segs = build_segments(events, tok, verify=True)  # checked up to the newlines sampled
-    assert len(segs) == 2 and segs[0].break_reason == "tokens"
+    segs = build_segments(events, tok, verify=True)
+    assert len(segs) == 1 and segs[0].break_reason == "" and segs[0].num_calls == 3
+    own = tok.encode("\n\nStep 0: listing")  # the piece goes on with its tool call
+    assert segs[0].response_ids[:len(own)] == own and set(segs[0].response_mask[:len(own)]) == {1}
+
+
+def test_engine_ids_that_do_not_extend_end_the_segment_as_a_token_break(
+        tok: ChatTokenizer) -> None:
+    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
+    reply = {"role": "assistant", "content": "ok"}
+    calls = [
+        ModelCall(episode_id="e", dialect="openai_chat", messages=history, response=[reply],
+                  prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5],
+                  response_logprobs=[-0.1, -0.2]),
+        ModelCall(episode_id="e", dialect="openai_chat",
+                  messages=[*history, reply, {"role": "user", "content": "more"}],
+                  response=[reply], prompt_token_ids=[1, 2, 3, 4, 6, 7],
+                  response_token_ids=[8], response_logprobs=[-0.3]),
+    ]
+    segs = build_segments([("model_call", c) for c in calls], tok)
+    assert [s.break_reason for s in segs] == ["tokens", ""]
+    assert segs[0].rollout_logprobs == pytest.approx([-0.1, -0.2])
 
 
 def test_render_matches_apply_chat_template(tok: ChatTokenizer) -> None:
