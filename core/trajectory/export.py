@@ -55,6 +55,7 @@ from ..rl.advantages import (
 )
 from ..rl.gae import assign_gae
 from ..rl.schema import EPISODE_SCHEMA, SCHEMA_VERSION, STOP_REASONS, rows_to_table, to_float32
+from ..rl.card import dataset_card
 from .events_log import EventReader, read_event_at
 from .segments import Segment, build_segments
 from .tokenize import ChatTokenizer
@@ -726,6 +727,8 @@ class _Counts:
     prompt_tokens: int = 0
     response_tokens: int = 0
     loss_tokens: int = 0
+    #: mask-1 tokens of unmasked episodes with a non-zero reward whose advantage is 0
+    zero_advantage_loss_tokens: int = 0
     breaks: dict[str, int] = field(default_factory=dict)
 
     def add(self, done: _Done) -> None:
@@ -740,6 +743,10 @@ class _Counts:
             self.prompt_tokens += len(r["prompt_ids"])
             self.response_tokens += len(r["response_ids"])
             self.loss_tokens += int(np.count_nonzero(r["response_mask"]))
+            if not r["mask_episode"] and r["episode_reward"] != 0:
+                mask = np.asarray(r["response_mask"]) == 1
+                self.zero_advantage_loss_tokens += int(
+                    np.count_nonzero(np.asarray(r["advantages"])[mask] == 0))
         for reason in done.breaks:
             self.breaks[reason] = self.breaks.get(reason, 0) + 1
 
@@ -794,7 +801,27 @@ def export_runs(
         return _export_logs([*logs, events], out_dir, tokenizer, options)
 
 
+@contextlib.contextmanager
+def _private_files() -> Iterator[None]:
+    """Files the export writes are ``0600`` and folders ``0700`` (umask 077 meanwhile)."""
+    saved = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(saved)
+
+
 def _export_logs(
+    runs: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tokenizer: ChatTokenizer | str | os.PathLike[str],
+    options: ExportOptions | None = None,
+) -> dict[str, Any]:
+    with _private_files():
+        return _export_private(runs, out_dir, tokenizer, options)
+
+
+def _export_private(
     runs: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
     tokenizer: ChatTokenizer | str | os.PathLike[str],
@@ -842,9 +869,24 @@ def _export_logs(
             writer.close()
     manifest = _manifest(index, tok, opts, counts, writer)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / "README.md").write_text(dataset_card(manifest))
+    _warn_zero_advantages(opts, counts)
     if opts.validate:
         validate_export(out)
     return manifest
+
+
+def _warn_zero_advantages(opts: ExportOptions, counts: _Counts) -> None:
+    """Say so when the advantage mode leaves trained tokens of rewarded episodes at 0
+    (``gae-truncated`` without a critic does it to every segment but the last; ``gae-chain``
+    with ``gamma·lam`` well below 1 decays a reward to nothing over a long chain)."""
+    zero = counts.zero_advantage_loss_tokens
+    if zero and opts.advantage != "none":
+        logger.warning(
+            "advantage %s (gamma %s, lam %s): %d of %d loss tokens of rewarded episodes get "
+            "advantage 0 and will not be trained; without a critic use grpo, or gae-chain "
+            "with gamma = lam = 1", opts.advantage, opts.gamma, opts.lam, zero,
+            counts.loss_tokens)
 
 
 def _recomputer(opts: ExportOptions) -> Any:

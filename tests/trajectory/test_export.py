@@ -240,3 +240,32 @@ def test_a_token_break_is_labelled_prefix_break_never_compacted(
     assert [r["segment_break"] for r in rows] == ["tokens", None]
     assert rows[0]["compaction_trigger"] == "none"
     assert rows[0]["sampling"]["logprobs_mode"] != "none"  # engine logprobs kept
+
+
+def test_every_field_is_on_the_dataset_card_and_files_are_private(
+        tmp_path: Path, tok: ChatTokenizer, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import os
+
+    from agentcompact.rl.card import EPISODE_FIELDS, SEGMENT_FIELDS
+    from agentcompact.rl.schema import EPISODE_SCHEMA, SEGMENT_SCHEMA
+
+    assert set(SEGMENT_FIELDS) == set(SEGMENT_SCHEMA.names)
+    assert set(EPISODE_FIELDS) == set(EPISODE_SCHEMA.names)
+    record(tmp_path / "run", [agent_loop("e0", 4, compact_at=2), agent_loop("e1", 2)],
+           [EpisodeEnd(episode_id="e0", reward=1.0, group_id="task-0"),
+            EpisodeEnd(episode_id="e1", reward=0.0, group_id="task-0", sample_index=1)])
+    old = os.umask(0o022)
+    try:
+        with caplog.at_level(logging.WARNING):
+            manifest = export_runs([tmp_path / "run"], tmp_path / "out", tok,
+                                   ExportOptions(workers=1, advantage="gae-truncated"))
+    finally:
+        os.umask(old)
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert all(f"| `{name}` |" in card for name in SEGMENT_SCHEMA.names)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()} == {0o600}
+    # no critic: the truncated chain gives e0's first segment nothing to learn from
+    assert manifest["counts"]["zero_advantage_loss_tokens"] > 0
+    assert "advantage gae-truncated" in caplog.text and "will not be trained" in caplog.text
