@@ -53,9 +53,9 @@ from ..rl.advantages import (
     grpo_advantages,
     rloo_advantages,
 )
+from ..rl.card import dataset_card
 from ..rl.gae import assign_gae
 from ..rl.schema import EPISODE_SCHEMA, SCHEMA_VERSION, STOP_REASONS, rows_to_table, to_float32
-from ..rl.card import dataset_card
 from .events_log import EventReader, read_event_at
 from .segments import Segment, build_segments
 from .tokenize import ChatTokenizer
