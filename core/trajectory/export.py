@@ -370,11 +370,11 @@ def _rows(
             "response_mask": np.array(s.response_mask, dtype=np.int8),
             "rollout_logprobs": np.array(s.rollout_logprobs, dtype=np.float32),
             "summary_span": s.summary_span, "summary_trained": s.summary_trained,
-            "compaction_trigger": "none" if last or s.break_reason != "compaction"
-            else s.compaction_trigger,
+            "compaction_trigger": "none" if last or s.break_reason not in (
+                "compaction", "summary") else s.compaction_trigger,
             "episode_reward": outcome.reward, "segment_reward": 0.0,
             "stop_reason": outcome.stop_reason if last else (
-                "compacted" if s.break_reason == "compaction" else "prefix_break"),
+                "compacted" if s.break_reason in ("compaction", "summary") else "prefix_break"),
             "segment_break": None if last else s.break_reason,
             "mask_episode": masked, "loss_weight": 1.0,
             "episode_num_loss_tokens": loss_tokens, "episode_num_segments": k,

@@ -71,7 +71,9 @@ def test_recomputed_logprobs_train_and_load_into_verl(tmp_path: Path) -> None:
     model = _tiny_qwen(tmp_path / "model")
     rows = _export(tmp_path, "--recompute-logprobs", str(tmp_path / "model"),
                    "--recompute-batch-tokens", "64")
-    assert len(rows) == 3  # e0 compacted once: two segments; e1 one
+    # e0 compacted once: its two windows plus the policy-written summary in its own context
+    assert [(r["episode_id"], r["summary_trained"]) for r in rows] == [
+        ("e0", False), ("e0", True), ("e0", False), ("e1", False)]
     assert all(r["sampling"]["logprobs_mode"] == "recomputed" for r in rows)
     for r in rows:
         lp = torch.tensor(r["rollout_logprobs"])

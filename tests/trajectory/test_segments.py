@@ -84,23 +84,25 @@ def test_masks_assistant_one_observation_zero_last_token_eos(tok: ChatTokenizer)
     assert seg.sampling["logprobs_mode"] == "none"
 
 
-def test_trained_summary_sits_at_the_end_with_mask_one(tok: ChatTokenizer) -> None:
+def test_a_trained_summary_is_a_segment_in_its_own_context(tok: ChatTokenizer) -> None:
     segs = build_segments(agent_loop("e", 4, compact_at=2, trained_summary=True), tok)
-    first = segs[0]
-    start, end = first.summary_span
-    assert first.summary_trained and end == len(first.response_ids)
-    assert set(first.response_mask[start:end]) == {1}
-    assert tok.hf.decode(first.response_ids[start:end]) == (
-        "Summary: explored 2 files for e.<|im_end|>")
-    request = tok.hf.decode(first.response_ids[:start])
-    assert request.endswith("Summarize the work so far.<|im_end|>\n<|im_start|>assistant\n")
-    assert first.response_mask[start - 1] == 0
+    assert [s.break_reason for s in segs] == ["compaction", "summary", ""]
+    agent, summary = segs[0], segs[1]
+    assert agent.summary_span == [] and not agent.summary_trained
+    assert summary.summary_trained and summary.summary_span == [0, len(summary.response_ids)]
+    assert set(summary.response_mask) == {1} and summary.num_calls == 0
+    assert tok.hf.decode(summary.response_ids) == "Summary: explored 2 files for e.<|im_end|>"
+    # the prompt is the summarizer's exact chat, its system prompt included
+    assert tok.hf.decode(summary.prompt_ids) == (
+        "<|im_start|>system\nSummarize.<|im_end|>\n<|im_start|>user\n"
+        "Summarize the work so far.<|im_end|>\n<|im_start|>assistant\n")
+    assert summary.compaction_trigger == agent.compaction_trigger
 
 
 def test_summary_trained_override(tok: ChatTokenizer) -> None:
     events = agent_loop("e", 4, compact_at=2, trained_summary=True)
     segs = build_segments(events, tok, summary_trained=False)
-    assert segs[0].summary_span == [] and not segs[0].summary_trained
+    assert len(segs) == 2 and not any(s.summary_trained for s in segs)
 
 
 def test_engine_reported_ids_and_logprobs_are_kept(tok: ChatTokenizer) -> None:
