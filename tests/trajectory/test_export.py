@@ -269,3 +269,23 @@ def test_every_field_is_on_the_dataset_card_and_files_are_private(
     # no critic: the truncated chain gives e0's first segment nothing to learn from
     assert manifest["counts"]["zero_advantage_loss_tokens"] > 0
     assert "advantage gae-truncated" in caplog.text and "will not be trained" in caplog.text
+
+
+@needs_shared_data("trajectories", "claude-code")
+def test_claude_code_compaction_summaries_train_in_their_own_context(
+        tmp_path: Path, tok: ChatTokenizer) -> None:
+    session = TRAJECTORIES / "claude-code" / "ae4a77f8-aedd-4bc1-888f-c94edc91af04.jsonl"
+    summarizer = session.with_suffix("") / "subagents" / "agent-acompact-946d2b.jsonl"
+    runs = [session, summarizer]
+    plain = export_runs(runs, tmp_path / "plain", tok, ExportOptions(workers=1))
+    trained = export_runs(runs, tmp_path / "trained", tok,
+                          ExportOptions(workers=1, summary_trained=True))
+    assert plain["counts"]["episodes"] == trained["counts"]["episodes"] == 1  # attached
+    rows = read_rows(tmp_path / "trained")
+    own = [r for r in rows if r["segment_break"] == "summary"]
+    assert len(own) == 1 and plain["counts"]["segments"] + 1 == len(rows)
+    text = tok.hf.decode(own[0]["prompt_ids"])
+    assert "detailed summary of the conversation" in text  # the summary request, as asked
+    assert text.endswith("<|im_start|>assistant\n")
+    assert own[0]["summary_trained"] and set(own[0]["response_mask"]) == {1}
+    assert tok.hf.decode(own[0]["response_ids"]).startswith("<analysis>")
