@@ -113,6 +113,11 @@ class ExportOptions:
     recompute_logprobs: str | None = None
     recompute_device: str = "cpu"
     recompute_batch_tokens: int = 16384
+    #: longest row (prompt + response tokens) written as trainable; ``None``: no limit
+    max_tokens: int | None = None
+    #: an episode with a longer row: ``mask`` (kept, ``mask_episode``: zero loss) or
+    #: ``drop`` (not written); counted in the manifest either way, never truncated
+    overlong: str = "mask"
 
     def check(self) -> None:
         if self.fmt not in ("parquet", "jsonl"):
@@ -124,6 +129,10 @@ class ExportOptions:
         unknown = set(self.mask_stop_reasons) - STOP_REASONS
         if unknown:
             raise ConfigError(f"mask_stop_reasons: unknown stop reasons {sorted(unknown)}")
+        if self.overlong not in ("mask", "drop"):
+            raise ConfigError(f"overlong {self.overlong!r}: choose mask or drop")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.recompute_batch_tokens < 1:
             raise ConfigError(f"recompute_batch_tokens must be >= 1, got "
                               f"{self.recompute_batch_tokens}")
@@ -729,6 +738,9 @@ class _Counts:
     loss_tokens: int = 0
     #: mask-1 tokens of unmasked episodes with a non-zero reward whose advantage is 0
     zero_advantage_loss_tokens: int = 0
+    #: episodes with a row over ``max_tokens``: masked, or dropped (not written)
+    episodes_overlong_masked: int = 0
+    episodes_overlong_dropped: int = 0
     breaks: dict[str, int] = field(default_factory=dict)
 
     def add(self, done: _Done) -> None:
@@ -859,6 +871,8 @@ def _export_private(
                 for size in sizes:
                     for _ in range(size):
                         done = next(results)
+                        if not _length_policy(done, opts, counts):
+                            continue
                         if recompute is not None:
                             done.rows = recompute(done.rows)
                         counts.add(done)
@@ -889,6 +903,27 @@ def _warn_zero_advantages(opts: ExportOptions, counts: _Counts) -> None:
             counts.loss_tokens)
 
 
+def _length_policy(done: _Done, opts: ExportOptions, counts: _Counts) -> bool:
+    """Apply ``max_tokens`` to one episode: ``False`` when it is dropped. A masked episode
+    keeps its rows with ``mask_episode`` set and its advantages zeroed (its group's
+    statistics were computed with it, as for any masked episode)."""
+    limit = opts.max_tokens
+    if limit is None or all(len(r["prompt_ids"]) + len(r["response_ids"]) <= limit
+                            for r in done.rows):
+        return True
+    if opts.overlong == "drop":
+        counts.episodes_overlong_dropped += 1
+        return False
+    counts.episodes_overlong_masked += 1
+    for r in done.rows:
+        r["mask_episode"] = True
+        r["advantages"] = np.zeros(len(r["response_ids"]), dtype=np.float32)
+        if r.get("returns") is not None:
+            r["returns"] = np.zeros(len(r["response_ids"]), dtype=np.float32)
+    done.episode = dict(done.episode, mask_episode=True)
+    return True
+
+
 def _recomputer(opts: ExportOptions) -> Any:
     if opts.recompute_logprobs is None:
         return None
@@ -916,6 +951,7 @@ def _manifest(index: _Index, tok: ChatTokenizer, opts: ExportOptions, counts: _C
         "summary_trained_override": opts.summary_trained,
         "logprobs": {"recomputed_with": opts.recompute_logprobs},
         "mask_stop_reasons": sorted(opts.mask_stop_reasons),
+        "length": {"max_tokens": opts.max_tokens, "overlong": opts.overlong},
         "counts": {k: v for k, v in vars(counts).items()},
         "files": {"segments": writer.files,
                   "episodes": {"path": writer.episodes_path.name, "rows": writer.episode_rows}},

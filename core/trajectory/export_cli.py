@@ -74,6 +74,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recompute-device", default="cpu", help="device of --recompute-logprobs")
     p.add_argument("--recompute-batch-tokens", type=int, default=16384,
                    help="tokens per forward pass of --recompute-logprobs")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="longest trainable row (prompt + response tokens); rows are never "
+                   "truncated: see --overlong")
+    p.add_argument("--overlong", choices=("mask", "drop"), default="mask",
+                   help="an episode with a row over --max-tokens: mask it (zero loss, kept) "
+                   "or drop it (not written); counted in the manifest")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -86,7 +92,8 @@ def _options(args: argparse.Namespace) -> ExportOptions:
         progress=not args.no_progress and sys.stderr.isatty(), workers=args.workers,
         keep_prompts=not args.no_prompts, recompute_logprobs=args.recompute_logprobs,
         recompute_device=args.recompute_device,
-        recompute_batch_tokens=args.recompute_batch_tokens,
+        recompute_batch_tokens=args.recompute_batch_tokens, max_tokens=args.max_tokens,
+        overlong=args.overlong,
     )
 
 

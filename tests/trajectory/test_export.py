@@ -289,3 +289,33 @@ def test_claude_code_compaction_summaries_train_in_their_own_context(
     assert text.endswith("<|im_start|>assistant\n")
     assert own[0]["summary_trained"] and set(own[0]["response_mask"]) == {1}
     assert tok.hf.decode(own[0]["response_ids"]).startswith("<analysis>")
+
+
+@pytest.mark.parametrize("policy", ["mask", "drop"])
+def test_overlong_episodes_are_masked_or_dropped_with_a_count_never_truncated(
+        tmp_path: Path, tok: ChatTokenizer, policy: str) -> None:
+    record(tmp_path / "run", [agent_loop("long", 6), agent_loop("short", 1)],
+           [EpisodeEnd(episode_id="long", reward=1.0, group_id="task-0"),
+            EpisodeEnd(episode_id="short", reward=0.0, group_id="task-0", sample_index=1)])
+    full = read_rows_of(export_runs([tmp_path / "run"], tmp_path / "full", tok,
+                                    ExportOptions(workers=1)), tmp_path / "full")
+    sizes = {r["episode_id"]: len(r["prompt_ids"]) + len(r["response_ids"]) for r in full}
+    limit = sizes["short"]
+    assert sizes["long"] > limit
+    manifest = export_runs([tmp_path / "run"], tmp_path / policy, tok,
+                           ExportOptions(workers=1, max_tokens=limit, overlong=policy))
+    rows = read_rows(tmp_path / policy)
+    counts = manifest["counts"]
+    if policy == "drop":
+        assert [r["episode_id"] for r in rows] == ["short"]
+        assert counts["episodes_overlong_dropped"] == 1 and counts["episodes"] == 1
+    else:
+        assert [r["episode_id"] for r in rows] == ["long", "short"]
+        assert rows[0]["mask_episode"] and set(rows[0]["advantages"]) == {0.0}
+        assert rows[0]["response_ids"] == full[0]["response_ids"]  # not truncated
+        assert counts["episodes_overlong_masked"] == 1
+
+
+def read_rows_of(manifest: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    assert manifest["counts"]["segments"] >= 1
+    return read_rows(out)
