@@ -8,7 +8,7 @@ A key is secret when, so normalised, it
 
 * is one of :data:`SECRET_KEYS` — ``authorization``, ``proxyauthorization``, ``cookie``,
   ``setcookie``, ``credentials``, ``credential``, ``passwd``, ``password``, ``secret``,
-  ``token`` (the bare word), ``apikey``, ``xapikey``, ``privatekey``, ``accountid``, ...; or
+  ``apikey``, ``xapikey``, ``privatekey``, ``accountid``, ...; or
 * ends with one of :data:`SECRET_SUFFIXES` — ``apikey``, ``secret``, ``password``,
   ``passwd``, ``privatekey``, ``accesstoken``, ``refreshtoken``, ``idtoken``,
   ``sessiontoken``, ``authtoken``, ``bearertoken``, ``credentials``, ``accountid``
@@ -17,7 +17,8 @@ A key is secret when, so normalised, it
 * contains ``secret`` or ``password`` anywhere.
 
 Counting fields such as ``max_tokens``, ``prompt_tokens``, ``prompt_token_ids`` or
-``cached_tokens`` are *not* secret: only the exact token kinds above are. Values are never
+``cached_tokens``, and the bare ``token`` of a logprob entry, are *not* secret: only the
+exact token kinds above are. Values are never
 inspected: a secret pasted into message text is data the agent saw and stays (redacting
 it would change the tokens trained on); a secret in a structured field named as one is
 removed. Redaction copies: the input is never mutated.
@@ -34,7 +35,7 @@ REDACTED = "[redacted]"
 
 SECRET_KEYS = frozenset({
     "authorization", "proxyauthorization", "cookie", "setcookie", "credentials",
-    "credential", "passwd", "password", "secret", "token", "apikey", "xapikey", "privatekey",
+    "credential", "passwd", "password", "secret", "apikey", "xapikey", "privatekey",
     "accountid", "xaccountid", "chatgptaccountid", "organizationid", "openaiorganization",
     "xgoogapikey", "anthropicapikey", "openaiapikey",
 })

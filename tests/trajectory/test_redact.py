@@ -9,10 +9,11 @@ def test_secret_keys_are_redacted_at_any_depth_and_counters_are_not() -> None:
     for key in ("api_key", "X-Api-Key", "authorization", "Proxy-Authorization", "private_key",
                 "credentials", "passwd", "password", "db_password", "client_secret",
                 "OPENAI_API_KEY", "aws_secret_access_key", "access_token", "refresh_token",
-                "account_id", "chatgpt-account-id", "cookie", "token"):
+                "account_id", "chatgpt-account-id", "cookie", "session_token"):
         assert is_secret_key(key), key
     for key in ("max_tokens", "prompt_tokens", "prompt_token_ids", "cached_tokens",
-                "completion_tokens_details", "top_logprobs", "content", "tool_call_id"):
+                "completion_tokens_details", "top_logprobs", "content", "tool_call_id",
+                "token"):  # a logprob entry's token
         assert not is_secret_key(key), key
     value = {"messages": [{"role": "user", "content": "my password is hunter2"}],
              "client": {"nested": [{"api_key": "sk-1"}], "max_tokens": 3},
