@@ -737,6 +737,7 @@ class _Counts:
     response_tokens: int = 0
     loss_tokens: int = 0
     #: mask-1 tokens of unmasked episodes with a non-zero reward whose advantage is 0
+    #: (gae-* modes; under grpo a group whose episodes all got the same reward has A = 0)
     zero_advantage_loss_tokens: int = 0
     #: episodes with a row over ``max_tokens``: masked, or dropped (not written)
     episodes_overlong_masked: int = 0
@@ -895,7 +896,7 @@ def _warn_zero_advantages(opts: ExportOptions, counts: _Counts) -> None:
     (``gae-truncated`` without a critic does it to every segment but the last; ``gae-chain``
     with ``gamma·lam`` well below 1 decays a reward to nothing over a long chain)."""
     zero = counts.zero_advantage_loss_tokens
-    if zero and opts.advantage != "none":
+    if zero and opts.advantage.startswith("gae"):  # grpo: 0 in a uniform group, by design
         logger.warning(
             "advantage %s (gamma %s, lam %s): %d of %d loss tokens of rewarded episodes get "
             "advantage 0 and will not be trained; without a critic use grpo, or gae-chain "
