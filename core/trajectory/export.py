@@ -799,12 +799,26 @@ def export_runs(
         (default: a temporary folder, removed afterwards).
     :returns: the manifest (also written to ``out_dir/manifest.json``).
     """
-    from .importers import import_trajectories, is_event_log
+    from .importers import is_event_log
 
     logs = [r for r in runs if is_event_log(r)]
     files = [r for r in runs if not is_event_log(r)]
-    if not files:
-        return _export_logs(logs, out_dir, tokenizer, options)
+    with _private_files():
+        if not files:
+            return _export_logs(logs, out_dir, tokenizer, options)
+        return _import_and_export(logs, files, out_dir, tokenizer, options, keep_events)
+
+
+def _import_and_export(
+    logs: list[str | os.PathLike[str]],
+    files: list[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tokenizer: ChatTokenizer | str | os.PathLike[str],
+    options: ExportOptions | None,
+    keep_events: str | os.PathLike[str] | None,
+) -> dict[str, Any]:
+    from .importers import import_trajectories
+
     with tempfile.TemporaryDirectory(prefix="agentcompact-import-") as tmp:
         folder = Path(keep_events) if keep_events is not None else Path(tmp)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -825,16 +839,6 @@ def _private_files() -> Iterator[None]:
 
 
 def _export_logs(
-    runs: Sequence[str | os.PathLike[str]],
-    out_dir: str | os.PathLike[str],
-    tokenizer: ChatTokenizer | str | os.PathLike[str],
-    options: ExportOptions | None = None,
-) -> dict[str, Any]:
-    with _private_files():
-        return _export_private(runs, out_dir, tokenizer, options)
-
-
-def _export_private(
     runs: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
     tokenizer: ChatTokenizer | str | os.PathLike[str],

@@ -49,8 +49,9 @@ while True:
 """
 
 
-def _kill_writer(run_dir: Path, after: float, delay: float = 0.0) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(run_dir), str(delay)],
+def _kill_writer(run_dir: Path, after: float, delay: float = 0.0, script: str = _WRITER,
+                 ) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", script, str(run_dir), str(delay)],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -200,24 +201,11 @@ while True:  # 3 MB lines: a kill often lands inside one
 """
 
 
-def _kill_big_writer(run_dir: Path, after: float) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _BIG_WRITER, str(run_dir)],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(after)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        assert proc.stdout is not None
-        proc.stdout.close()
-
-
 def test_a_run_resumed_after_kill_9_starts_on_a_new_line(tmp_path: Path) -> None:
     run = tmp_path / "run"
     torn = 0
     for attempt in range(6):
-        _kill_big_writer(run, after=0.15 + 0.03 * attempt)
+        _kill_writer(run, after=0.15 + 0.03 * attempt, script=_BIG_WRITER)
         raw = (run / "events.jsonl").read_bytes()
         if not raw.endswith(b"\n"):
             torn += 1
