@@ -108,7 +108,8 @@ def test_jsonl_equals_parquet(tau_export: Path, tmp_path: Path, tok: ChatTokeniz
     assert read_rows(tmp_path / "j" / "segments-00000.jsonl") == read_rows(
         tau_export / "segments-00000.parquet")
     assert sorted(p.name for p in (tmp_path / "j").iterdir()) == [
-        "episodes.jsonl", "manifest.json", *[f"segments-0000{i}.jsonl" for i in range(4)]]
+        "README.md", "episodes.jsonl", "manifest.json",
+        *[f"segments-0000{i}.jsonl" for i in range(4)]]
 
 
 def test_loads_with_pyarrow_and_datasets(tau_export: Path, tmp_path: Path) -> None:
@@ -319,3 +320,25 @@ def test_overlong_episodes_are_masked_or_dropped_with_a_count_never_truncated(
 def read_rows_of(manifest: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     assert manifest["counts"]["segments"] >= 1
     return read_rows(out)
+
+
+def test_cli_reports_a_malformed_event_by_file_and_line_without_content(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    events = record(tmp_path / "run", [agent_loop("e0", 2)],
+                    [EpisodeEnd(episode_id="e0", reward=1.0, group_id="task-0")])
+    lines = events.read_bytes().splitlines(keepends=True)
+    lines.insert(2, b'{"kind": "model_call", "data": {"messages": "SECRET-CONTENT\n')
+    events.write_bytes(b"".join(lines))
+    code = main([str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--tokenizer",
+                 str(QWEN_TOKENIZER), "--no-progress", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith(f"agentcompact export: error: {events}:3: not a JSON line")
+    assert "Traceback" not in err and "SECRET" not in err and err.count("\n") == 1
+    lines[2] = b'{"kind": "model_call", "data": {"episode_id": "e0", "messages": 7}}\n'
+    events.write_bytes(b"".join(lines))
+    code = main([str(tmp_path / "run"), "--out", str(tmp_path / "out2"), "--tokenizer",
+                 str(QWEN_TOKENIZER), "--no-progress", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"{events}:3: malformed model_call event" in err
+    assert "Traceback" not in err
