@@ -187,3 +187,32 @@ def test_skyrl_validator_passes_on_our_step_wise_rows() -> None:
     episodes = len({r["episode_id"] for r in rows})
     validate(episodes, out, step_wise=True)
     assert sum(out["is_last_step"]) == episodes
+
+
+def test_two_optimizer_steps_with_verls_loss_on_the_dataproto() -> None:
+    protocol = pytest.importorskip("verl.protocol")
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+    from verl.workers.config import ActorConfig
+
+    rows = group_rows()
+    data = protocol.DataProto.from_single_dict(to_verl(rows, pad_token_id=PAD))
+    b = data.batch
+    model = tiny_model(2)
+    config = ActorConfig(strategy="fsdp", rollout_n=2, ppo_micro_batch_size_per_gpu=1,
+                         ppo_mini_batch_size=1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    r_len = b["responses"].shape[1]
+    losses = []
+    for _ in range(2):
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                       position_ids=b["position_ids"]).logits
+        log_prob = torch.log_softmax(logits[:, -r_len - 1:-1].float(), -1).gather(
+            -1, b["responses"][..., None]).squeeze(-1)
+        loss, _ = core_algos.compute_policy_loss_vanilla(
+            old_log_prob=b["old_log_probs"], log_prob=log_prob, advantages=b["advantages"],
+            response_mask=b["response_mask"], loss_agg_mode="token-mean", config=config)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(x) for x in losses) and losses[1] != losses[0]
