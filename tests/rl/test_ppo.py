@@ -114,3 +114,20 @@ def test_micro_batches_of_one_step_sum_to_the_loss_of_the_whole_step() -> None:
                     for b, r in enumerate(rows))
         if mode == "token-mean":  # per-micro-batch normalisers give another objective
             assert local != pytest.approx(want, rel=1e-3)
+
+
+def test_step_normalizer_all_reduces_when_distributed(tmp_path) -> None:
+    import torch.distributed as dist
+
+    from agentcompact.rl.ppo import step_normalizer
+
+    rows = _rows()
+    local = step_normalizer(rows, "token-mean")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:  # one rank: the all-reduced count over the world size is the local count
+        assert step_normalizer(rows, "token-mean") == local == sum(
+            sum(r["response_mask"]) for r in rows)
+        assert step_normalizer(rows, "constant-norm", max_len=7) == len(rows) * 7
+    finally:
+        dist.destroy_process_group()
