@@ -43,6 +43,21 @@ def _tiny_qwen(path: Path) -> Any:
     return model
 
 
+def train_steps(model: Any, batch: dict[str, Any], steps: int, lr: float = 1e-2) -> list[float]:
+    """Adam steps of our chunked loss on one collated batch; the loss of each step."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                             position_ids=batch["position_ids"]).last_hidden_state
+        loss = policy_loss_from_hidden(hidden, model.lm_head.weight, batch, vocab_chunk=40000)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 def _export(tmp_path: Path, *extra: str) -> list[dict[str, Any]]:
     run = tmp_path / "run"
     record(run, [agent_loop("e0", 4, compact_at=2, trained_summary=True),
@@ -88,16 +103,7 @@ def test_recomputed_logprobs_train_and_load_into_verl(tmp_path: Path) -> None:
     sel = batch["response_mask"][:, 1:] > 0
     assert torch.allclose(full.squeeze(-1)[sel], batch["old_logprobs"][:, 1:][sel], atol=1e-4)
 
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(4):
-        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             position_ids=batch["position_ids"]).last_hidden_state
-        loss = policy_loss_from_hidden(hidden, model.lm_head.weight, batch, vocab_chunk=40000)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train_steps(model, batch, 4)
     assert all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0], losses
 

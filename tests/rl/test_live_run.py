@@ -23,13 +23,13 @@ from agentcompact.events import EpisodeEnd  # noqa: E402
 from agentcompact.integrations.sdk import compact  # noqa: E402
 from agentcompact.integrations.upstream_sim import Reply, Script, UpstreamSim, serve  # noqa: E402
 from agentcompact.plugins.recorder import Recorder  # noqa: E402
-from agentcompact.rl.ppo import policy_loss_from_hidden  # noqa: E402
 from agentcompact.rl.torch_data import collate  # noqa: E402
 from agentcompact.trajectory.events_log import read_events  # noqa: E402
 from agentcompact.trajectory.export import read_export  # noqa: E402
 from agentcompact.trajectory.export_cli import main as export_main  # noqa: E402
 
 from .rowkit import QWEN_TOKENIZER  # noqa: E402
+from .test_end_to_end import train_steps  # noqa: E402
 
 pytestmark = [pytest.mark.network,
               pytest.mark.skipif(not QWEN_TOKENIZER.exists(), reason="tokenizer absent")]
@@ -107,15 +107,5 @@ def test_live_run_exports_rows_that_train(tmp_path: Path) -> None:
     assert {r["stop_reason"] for r in rows[:-1]} & {"compacted"}
     assert all(r["sampling"]["logprobs_mode"] == "recomputed" for r in rows)
 
-    batch = collate(rows, pad_token_id=0)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(4):
-        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             position_ids=batch["position_ids"]).last_hidden_state
-        loss = policy_loss_from_hidden(hidden, model.lm_head.weight, batch, vocab_chunk=50000)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    losses = train_steps(model, collate(rows, pad_token_id=0), 4)
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
