@@ -13,6 +13,15 @@ most the line being written cut short. ``agentcompact.trajectory.events_log.read
 reports such a torn last line instead of failing. There is no user-space buffer to flush;
 ``fsync=True`` additionally forces every line to stable storage (survives a power loss,
 costs a disk round trip per event).
+
+Resuming after a crash: when the log does not end with a newline (the killed writer's torn
+line), the new recorder first writes a newline, so its ``run_start`` starts a line of its
+own; the reader skips a torn line that a ``run_start`` follows.
+
+Privacy: the folder is created ``0700`` and the log ``0600`` (an existing log is narrowed
+to ``0600``); every event is passed through :func:`agentcompact.redact.redact` (secret-keyed
+fields such as ``api_key``, ``authorization``, ``account_id`` are replaced) before it is
+written.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import orjson
 from agentcompact.errors import TrajectoryError
 from agentcompact.events import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall, new_id
 from agentcompact.hookspecs import hookimpl
+from agentcompact.redact import redact
 
 __all__ = ["EVENTS_FILE", "EVENTS_FORMAT", "Recorder"]
 
@@ -35,6 +45,19 @@ __all__ = ["EVENTS_FILE", "EVENTS_FORMAT", "Recorder"]
 EVENTS_FILE = "events.jsonl"
 #: format tag written in the ``run_start`` line
 EVENTS_FORMAT = "agentcompact-events/1"
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents) ``0700``; a folder this call created is
+    narrowed to ``0700`` whatever the umask."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for created in missing:
+        os.chmod(created, 0o700)
 
 
 class Recorder:
@@ -57,15 +80,17 @@ class Recorder:
         metadata: dict[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.run_dir)
         self.path = self.run_dir / EVENTS_FILE
         self.run_id = run_id or new_id()
         self.fsync = fsync
         self._lock = threading.Lock()
         self._fd: int | None = os.open(
-            self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
-            0o644,
+            self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+            0o600,
         )
+        os.fchmod(self._fd, 0o600)
+        self._end_torn_line()
         self.write(
             "run_start",
             {
@@ -95,14 +120,22 @@ class Recorder:
         self.write("episode_end", episode.to_dict())
 
     # --- writing ---------------------------------------------------------------------
+    def _end_torn_line(self) -> None:
+        """A log left by a killed writer may end inside a line: end it, so the next line
+        (this run's ``run_start``) is whole."""
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            os.write(self._fd, b"\n")
+
     def write(self, kind: str, data: dict[str, Any]) -> None:
-        """Append one ``{"kind", "data"}`` line atomically (one ``os.write``)."""
+        """Append one ``{"kind", "data"}`` line atomically (one ``os.write``), redacted."""
         try:
-            line = orjson.dumps({"kind": kind, "data": data}) + b"\n"
-        except TypeError as exc:
+            line = orjson.dumps({"kind": kind, "data": redact(data)}) + b"\n"
+        except TypeError as exc:  # orjson names the type only, never the value
             raise TrajectoryError(
                 f"{self.path}: cannot record {kind} event, a value is not JSON-able: {exc}"
-            ) from exc
+            ) from None
         with self._lock:
             if self._fd is None:
                 raise TrajectoryError(f"{self.path}: recorder is closed")

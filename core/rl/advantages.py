@@ -1,7 +1,7 @@
 """Outcome advantages over *episodes* (GRPO, Dr.GRPO, RLOO) and their broadcast to segments.
 
 A compacted episode is split into several segment rows, but the group statistics must be
-computed over episodes, never over rows (``RL_EXPORT.md`` Example 3)::
+computed over episodes, never over rows (docs/rl-math.md Example 3)::
 
     group {E1: R=1, 3 segments; E2: R=0, 1 segment}
     grpo_advantages(...)  ->  {E1: +0.7071, E2: -0.7071}

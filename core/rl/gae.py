@@ -3,7 +3,7 @@
 Within a row (verl ``compute_gae_advantage_return``): ``δ_t = r_t + γ·V_next(t) − V_t``,
 ``A_t = δ_t + γλ·A_next(t)``, where ``next(t)`` is the next mask-1 token: mask-0 tokens
 (tool output, template glue) are *transparent* — they neither bootstrap nor carry the trace,
-and a reward placed on one is lost (``RL_EXPORT.md`` Example 4b). ``returns = A + V``.
+and a reward placed on one is lost (docs/rl-math.md Example 4b). ``returns = A + V``.
 
 Chain ("cross-trajectory") GAE runs the same recursion over the segments of an episode in
 reverse, so the last action token of segment k bootstraps from the first action token of
@@ -53,7 +53,7 @@ def chain_gae(
     lam: float,
     truncated: bool = False,
 ) -> list[tuple[FloatArray, FloatArray]]:
-    """Chain GAE over the segments of one episode (the pseudo-code of ``RL_EXPORT.md``).
+    """Chain GAE over the segments of one episode (the pseudo-code of docs/rl-math.md).
 
     :param segments: ``(rewards, values, mask)`` per segment, in episode order.
     :param truncated: restart the λ-trace at each segment boundary (keep the bootstrap).

@@ -1,6 +1,6 @@
 """Loss aggregation modes as per-token weights: ``loss = Σ_i Σ_t w_{i,t} · ℓ_{i,t}``.
 
-With ``m`` the loss mask and ``n_i = Σ_t m_{i,t}`` (``RL_EXPORT.md``, "Loss aggregation"):
+With ``m`` the loss mask and ``n_i = Σ_t m_{i,t}`` (docs/rl-math.md, "Loss aggregation"):
 
 ==========================  =====================================  ==============================
 mode                        weight ``w_{i,t}``                     used by
@@ -41,6 +41,7 @@ __all__ = [
     "LOSS_MODES",
     "LossMode",
     "aggregate",
+    "denominator",
     "effective_mask",
     "token_weights",
     "weights_for_rows",
@@ -86,22 +87,59 @@ def token_weights(
     :param normalizer: replaces the mode's denominator.
     """
     mode = _ALIASES.get(mode, mode)
+    if mode not in LOSS_MODES:
+        raise ConfigError(f"loss mode {mode!r}: choose one of {LOSS_MODES}")
     m = [np.asarray(x, dtype=np.float64) for x in masks]
-    w = np.ones(len(m)) if loss_weights is None else np.asarray(loss_weights, dtype=np.float64)
-    if len(w) != len(m):
-        raise ValidationError(f"{len(w)} loss weights for {len(m)} rows")
+    w = _row_weights(loss_weights, len(m))
+    n = np.array([x.sum() for x in m])
+    d = normalizer or denominator(m, mode, loss_weights=w, episode_ids=episode_ids,
+                                  max_len=max_len)
+    if mode in ("token-mean", "seq-mean-token-sum", "constant-norm"):
+        return _scaled(m, w, np.ones(len(m)), d)
+    if mode == "seq-mean-token-mean":
+        return _scaled(m, w, np.maximum(n, 1.0), d)
+    return _episode_weights(m, w, n, episode_ids, episode_num_loss_tokens, d)
+
+
+def _row_weights(loss_weights: Sequence[float] | FloatArray | None, rows: int) -> FloatArray:
+    w = np.ones(rows) if loss_weights is None else np.asarray(loss_weights, dtype=np.float64)
+    if len(w) != rows:
+        raise ValidationError(f"{len(w)} loss weights for {rows} rows")
+    return w
+
+
+def denominator(
+    masks: Sequence[ArrayLike],
+    mode: str,
+    *,
+    loss_weights: Sequence[float] | FloatArray | None = None,
+    episode_ids: Sequence[str] | None = None,
+    max_len: int | None = None,
+) -> float:
+    """The normaliser of ``mode`` over these rows: weighted loss tokens (token-mean), rows
+    with a loss token (seq-mean-*), ``B · L_max`` (constant-norm), episodes with a loss
+    token (episode-mean-token-mean). Pass it as ``normalizer`` to weigh micro-batches by
+    the count over a whole optimizer step."""
+    mode = _ALIASES.get(mode, mode)
+    m = [np.asarray(x, dtype=np.float64) for x in masks]
+    w = _row_weights(loss_weights, len(m))
     n = np.array([x.sum() for x in m])
     if mode == "token-mean":
-        return _scaled(m, w, np.ones(len(m)), normalizer or float((w * n).sum()))
-    if mode == "seq-mean-token-sum":
-        return _scaled(m, w, np.ones(len(m)), normalizer or float(w[n > 0].sum()))
-    if mode == "seq-mean-token-mean":
-        return _scaled(m, w, np.maximum(n, 1.0), normalizer or float(w[n > 0].sum()))
+        return float((w * n).sum())
+    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return float(w[n > 0].sum())
     if mode == "constant-norm":
         width = max_len if max_len is not None else max((len(x) for x in m), default=0)
-        return _scaled(m, w, np.ones(len(m)), normalizer or float(len(m) * width))
+        return float(len(m) * width)
     if mode == "episode-mean-token-mean":
-        return _episode_weights(m, w, n, episode_ids, episode_num_loss_tokens, normalizer)
+        if episode_ids is None or len(episode_ids) != len(m):
+            raise ValidationError("episode-mean-token-mean needs one episode id per row")
+        weight_of: dict[str, float] = {}
+        count: dict[str, float] = {}
+        for eid, ni, wi in zip(episode_ids, n, w, strict=True):
+            weight_of.setdefault(eid, float(wi))
+            count[eid] = count.get(eid, 0.0) + float(ni)
+        return float(sum(weight_of[e] for e, c in count.items() if c > 0))
     raise ConfigError(f"loss mode {mode!r}: choose one of {LOSS_MODES}")
 
 
@@ -120,7 +158,7 @@ def _episode_weights(
     n: FloatArray,
     episode_ids: Sequence[str] | None,
     episode_num_loss_tokens: Sequence[int] | None,
-    normalizer: float | None,
+    denominator: float,
 ) -> list[FloatArray]:
     if episode_ids is None or len(episode_ids) != len(m):
         raise ValidationError("episode-mean-token-mean needs one episode id per row")
@@ -132,7 +170,6 @@ def _episode_weights(
             raise ValidationError(f"episode {eid!r}: rows have different loss weights")
     n_e = np.array([in_batch[e] for e in episode_ids]) if episode_num_loss_tokens is None \
         else np.asarray(episode_num_loss_tokens, dtype=np.float64)
-    denominator = normalizer or sum(weight_of[e] for e, c in in_batch.items() if c > 0)
     return _scaled(m, w, np.maximum(n_e, 1.0), float(denominator))
 
 

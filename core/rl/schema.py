@@ -1,11 +1,11 @@
 """The segment-row schema (``agentcompact-traj/1``) and its validator.
 
 A *segment row* is one working-context window of one episode, as a plain ``dict`` with the
-fields of the table in ``RL_EXPORT.md`` plus ``advantages`` (per response token, 0.0 where the
+fields of the table in docs/rl-math.md plus ``advantages`` (per response token, 0.0 where the
 mask is 0) and the optional ``returns`` (GAE). This module owns:
 
 * ``SEGMENT_SCHEMA`` / ``EPISODE_SCHEMA`` — the Arrow types used for Parquet;
-* ``validate_rows(rows)`` — every invariant of ``RL_EXPORT.md``; the error names the row,
+* ``validate_rows(rows)`` — every invariant of docs/rl-math.md; the error names the row,
   episode, segment and field of each problem;
 * ``rows_to_table`` / ``table_to_rows`` and JSONL/Parquet readers and writers whose round trip
   is bit-exact (float fields are float32 in Arrow; :func:`to_float32` makes Python rows agree).
@@ -53,8 +53,11 @@ __all__ = [
 
 SCHEMA_VERSION = "agentcompact-traj/1"
 COMPACTION_TRIGGERS = frozenset({"token_budget", "turn_limit", "model_initiated", "none"})
+#: ``prefix_break``: a segment that ended because the next context does not extend its
+#: tokens / template / messages although nothing was compacted (see ``segment_break``)
 STOP_REASONS = frozenset(
-    {"compacted", "complete", "context_length", "max_turns", "timeout", "error"}
+    {"compacted", "prefix_break", "complete", "context_length", "max_turns", "timeout",
+     "error"}
 )
 
 SAMPLING_TYPE = pa.struct(
@@ -95,6 +98,9 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("chat_template_sha256", pa.string(), nullable=False),
         pa.field("sampling", SAMPLING_TYPE, nullable=False),
         pa.field("messages_json", pa.string(), nullable=True),
+        pa.field("prompt_json", pa.string(), nullable=True),
+        pa.field("tools_json", pa.string(), nullable=True),
+        pa.field("segment_break", pa.string(), nullable=True),
         pa.field("advantages", pa.list_(pa.float32()), nullable=False),
         pa.field("returns", pa.list_(pa.float32()), nullable=True),
     ],

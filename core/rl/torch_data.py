@@ -1,17 +1,20 @@
-"""PyTorch pieces: a ``Dataset`` over segment rows, ``collate`` and the PPO/GRPO policy loss.
+"""PyTorch pieces: a ``Dataset`` over segment rows and ``collate`` (the loss is in
+:mod:`agentcompact.rl.ppo`).
 
 Needs the ``rl`` extra (torch). All per-token tensors of a batch share the coordinates of
 ``input_ids`` (prompt + response, right-padded to ``T``): the response of row ``b`` occupies
-``[response_start[b], response_start[b] + len(response_ids))``. ``policy_loss`` shifts the
-logits by one (token ``t`` is predicted at ``t − 1``), so it works with any causal LM::
+``[response_start[b], response_start[b] + len(response_ids))``. The loss
+(:mod:`agentcompact.rl.ppo`) reads the logit predicting token ``t`` at ``t − 1``, so it works
+with any causal LM::
 
     ds = SegmentDataset("segments.parquet")
     loader = DataLoader(ds, batch_size=8, collate_fn=partial(collate, pad_token_id=pad))
     for batch in loader:
         batch = move_to(batch, "cuda")
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"]).logits
-        policy_loss(logits, batch).backward()
+        hidden = model.model(input_ids=batch["input_ids"],
+                             attention_mask=batch["attention_mask"],
+                             position_ids=batch["position_ids"]).last_hidden_state
+        policy_loss_from_hidden(hidden, model.lm_head.weight, batch).backward()
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ __all__ = [
     "SegmentDataset",
     "batch_token_weights",
     "collate",
+    "logprobs_known",
     "move_to",
-    "policy_loss",
 ]
 
 Row = Mapping[str, Any]
@@ -78,7 +81,7 @@ def collate(
     mode: str = "token-mean",
     max_len: int | None = None,
     normalizer: float | None = None,
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Any]:
     """Pad segment rows into a training batch.
 
     :param pad_token_id: fills ``input_ids`` beyond each row.
@@ -88,7 +91,9 @@ def collate(
         sampled), ``loss_mask`` (× (1 − mask_episode)), ``advantages``, ``old_logprobs``,
         ``token_weights`` — all ``[B, T]`` — plus ``returns`` when every row has them, and
         per row ``response_start``, ``loss_weight``, ``episode_index``,
-        ``episode_num_loss_tokens``.
+        ``episode_num_loss_tokens``, ``logprobs_known`` (bool: the row's
+        ``rollout_logprobs`` are real, :func:`logprobs_known`) and ``row_labels`` (a list of
+        ``"episode E segment K"`` strings for error messages).
     """
     if not batch:
         raise ValidationError("collate: empty batch")
@@ -122,10 +127,21 @@ def collate(
     return out
 
 
-def _row_info(batch: Sequence[Row]) -> dict[str, torch.Tensor]:
+def logprobs_known(row: Row) -> bool:
+    """Whether the row's ``rollout_logprobs`` were recorded (or recomputed): its
+    ``sampling.logprobs_mode`` is not ``"none"`` (the exporter writes ``"none"`` when any
+    sampled token of the segment has no logprob)."""
+    sampling = row.get("sampling") or {}
+    return str(sampling.get("logprobs_mode") or "none") != "none"
+
+
+def _row_info(batch: Sequence[Row]) -> dict[str, Any]:
     episodes: dict[str, int] = {}
     index = [episodes.setdefault(str(r["episode_id"]), len(episodes)) for r in batch]
     return {
+        "logprobs_known": torch.tensor([logprobs_known(r) for r in batch], dtype=torch.bool),
+        "row_labels": [f"episode {r['episode_id']!r} segment {r['segment_index']}"
+                       for r in batch],
         "loss_weight": torch.tensor([float(r.get("loss_weight", 1.0)) for r in batch]),
         "episode_index": torch.tensor(index, dtype=torch.long),
         "episode_num_loss_tokens": torch.tensor(
@@ -135,7 +151,7 @@ def _row_info(batch: Sequence[Row]) -> dict[str, torch.Tensor]:
 
 
 def batch_token_weights(
-    batch: Mapping[str, torch.Tensor],
+    batch: Mapping[str, Any],
     mode: str,
     max_len: int | None = None,
     normalizer: float | None = None,
@@ -159,37 +175,6 @@ def batch_token_weights(
     return out.to(batch["loss_mask"].device)
 
 
-def policy_loss(
-    logits: torch.Tensor,
-    batch: Mapping[str, torch.Tensor],
-    mode: str | None = None,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-) -> torch.Tensor:
-    """PPO-clip / GRPO surrogate ``Σ w · max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε_high))``.
-
-    ``ρ = exp(logπ − old_logprobs)`` per response token; ``w`` is ``batch["token_weights"]``
-    (the mode chosen in :func:`collate`) unless ``mode`` asks for another aggregation.
-
-    :param logits: ``[B, T, V]`` from the model on ``batch["input_ids"]`` (any device).
-    :param clip_eps_high: upper clip (DAPO clip-higher); default ``clip_eps``.
-    :returns: scalar loss (float32), differentiable w.r.t. ``logits``.
-    """
-    device = logits.device
-    weights = batch["token_weights"] if mode is None else batch_token_weights(batch, mode)
-    ids = batch["input_ids"].to(device)[:, 1:]
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    logp = logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    mask = batch["loss_mask"].to(device)[:, 1:]
-    old = batch["old_logprobs"].to(device)[:, 1:]
-    adv = batch["advantages"].to(device)[:, 1:]
-    ratio = torch.exp((logp - old) * mask)  # mask-0/pad tokens: ratio 1, weight 0
-    high = clip_eps if clip_eps_high is None else clip_eps_high
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
-    per_token = torch.maximum(-adv * ratio, -adv * clipped)
-    return (weights.to(device)[:, 1:] * per_token).sum()
-
-
-def move_to(batch: Mapping[str, torch.Tensor], device: str | torch.device) -> dict[str, Any]:
+def move_to(batch: Mapping[str, Any], device: str | torch.device) -> dict[str, Any]:
     """Copy a collated batch to ``device`` (non-tensor values are kept as they are)."""
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -3,8 +3,11 @@
 Each line is ``{"kind": ..., "data": {...}}`` (see ``agentcompact.plugins.recorder``).
 A process killed while writing leaves its last line cut short: that *torn tail* is
 reported (``EventLog.torn_tail``, and a ``logging`` warning) and every complete line before
-it is returned. A malformed line anywhere else is corruption, not a crash, and raises
-``TrajectoryError`` naming the file and the 1-based line number.
+it is returned. A resumed run starts with a ``run_start`` line on a line of its own (the
+recorder ends the torn line first), so a malformed line directly followed by a
+``run_start`` is a torn line of the killed run too (``EventLog.torn_lines``). A malformed
+line anywhere else is corruption, not a crash, and raises ``TrajectoryError`` naming the
+file and the 1-based line number. No message names the line's content.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class TornTail:
-    """The last line, cut by a crash: where it starts and its first bytes."""
+    """A line cut by a crash: where it is (``head`` is empty in what the reader reports:
+    the content of a log line is never repeated in a message)."""
 
     line: int
     offset: int
@@ -59,8 +63,8 @@ class TornTail:
 
     def describe(self, path: Path) -> str:
         return (
-            f"{path}:{self.line}: torn last line ({self.length} bytes at offset "
-            f"{self.offset}, starts {self.head[:40]!r}) ignored: the writer was killed"
+            f"{path}:{self.line}: torn line ({self.length} bytes at offset "
+            f"{self.offset}) ignored: the writer was killed"
         )
 
 
@@ -71,6 +75,8 @@ class EventLog:
     path: Path
     events: list[Event] = field(default_factory=list)
     torn_tail: TornTail | None = None
+    #: torn lines of killed runs that a resumed run followed (not the last line)
+    torn_lines: list[TornTail] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e.kind == kind]
@@ -95,8 +101,9 @@ def resolve_events_path(path: str | os.PathLike[str]) -> Path:
 def _parse(raw: bytes, path: Path, line: int) -> tuple[str, dict[str, Any]]:
     try:
         obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise TrajectoryError(f"{path}:{line}: not a JSON line: {exc}") from exc
+    except orjson.JSONDecodeError as exc:  # its message may quote the line: not repeated
+        raise TrajectoryError(f"{path}:{line}: not a JSON line (error at column "
+                              f"{exc.colno})") from None
     if not isinstance(obj, dict):
         raise TrajectoryError(f"{path}:{line}: expected an object, got {type(obj).__name__}")
     kind, data = obj.get("kind"), obj.get("data")
@@ -116,14 +123,13 @@ class EventReader:
         self.path = resolve_events_path(path)
         self.kinds = kinds
         self.torn_tail: TornTail | None = None
+        self.torn_lines: list[TornTail] = []
 
     def __iter__(self) -> Iterator[Event]:
         offset = 0
         bad: TornTail | None = None  # a malformed line: the torn tail if nothing follows
         with open(self.path, "rb") as f:
             for number, raw in enumerate(f, start=1):
-                if bad is not None:  # a malformed line followed by more lines: corruption
-                    _parse(bad.head, self.path, bad.line)
                 start, offset = offset, offset + len(raw)
                 body = raw.rstrip(b"\r\n")
                 if raw.endswith(b"\n") and not body.strip(b" \t"):
@@ -131,12 +137,20 @@ class EventReader:
                 try:
                     kind, data = _parse(body, self.path, number)
                 except TrajectoryError:
+                    if bad is not None:  # two malformed lines in a row: corruption
+                        _parse(bad.head, self.path, bad.line)
                     bad = TornTail(number, start, len(raw), body)
                     continue
+                if bad is not None:
+                    if kind != "run_start":  # a malformed line inside a run: corruption
+                        _parse(bad.head, self.path, bad.line)
+                    self.torn_lines.append(TornTail(bad.line, bad.offset, bad.length, b""))
+                    logger.warning("%s", self.torn_lines[-1].describe(self.path))
+                    bad = None
                 if self.kinds is None or kind in self.kinds:
                     yield Event(kind, data, number, start, len(raw))
         if bad is not None:
-            self.torn_tail = TornTail(bad.line, bad.offset, bad.length, bad.head[:80])
+            self.torn_tail = TornTail(bad.line, bad.offset, bad.length, b"")
             logger.warning("%s", self.torn_tail.describe(self.path))
 
 
@@ -149,7 +163,7 @@ def read_events(path: str | os.PathLike[str], *, strict: bool = False) -> EventL
     """
     reader = EventReader(path)
     log = EventLog(reader.path, list(reader))
-    log.torn_tail = reader.torn_tail
+    log.torn_tail, log.torn_lines = reader.torn_tail, reader.torn_lines
     if strict and log.torn_tail is not None:
         raise TornLineError(log.torn_tail.describe(log.path))
     return log

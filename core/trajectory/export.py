@@ -30,6 +30,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -52,6 +53,7 @@ from ..rl.advantages import (
     grpo_advantages,
     rloo_advantages,
 )
+from ..rl.card import dataset_card
 from ..rl.gae import assign_gae
 from ..rl.schema import EPISODE_SCHEMA, SCHEMA_VERSION, STOP_REASONS, rows_to_table, to_float32
 from .events_log import EventReader, read_event_at
@@ -100,11 +102,22 @@ class ExportOptions:
     lam: float = 1.0
     eps: float = 1e-6
     keep_messages: bool = False
+    keep_prompts: bool = True
     verify_tokens: bool = False
     progress: bool = False
     validate: bool = True
     workers: int | None = None
     start_method: str | None = None
+    #: a Hugging Face causal LM (name or path) whose log-probabilities fill
+    #: ``rollout_logprobs`` of every sampled token (``agentcompact.rl.recompute``)
+    recompute_logprobs: str | None = None
+    recompute_device: str = "cpu"
+    recompute_batch_tokens: int = 16384
+    #: longest row (prompt + response tokens) written as trainable; ``None``: no limit
+    max_tokens: int | None = None
+    #: an episode with a longer row: ``mask`` (kept, ``mask_episode``: zero loss) or
+    #: ``drop`` (not written); counted in the manifest either way, never truncated
+    overlong: str = "mask"
 
     def check(self) -> None:
         if self.fmt not in ("parquet", "jsonl"):
@@ -116,6 +129,13 @@ class ExportOptions:
         unknown = set(self.mask_stop_reasons) - STOP_REASONS
         if unknown:
             raise ConfigError(f"mask_stop_reasons: unknown stop reasons {sorted(unknown)}")
+        if self.overlong not in ("mask", "drop"):
+            raise ConfigError(f"overlong {self.overlong!r}: choose mask or drop")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.recompute_batch_tokens < 1:
+            raise ConfigError(f"recompute_batch_tokens must be >= 1, got "
+                              f"{self.recompute_batch_tokens}")
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"workers must be >= 1 (or None: automatic), got {self.workers}")
         methods = multiprocessing.get_all_start_methods()
@@ -177,8 +197,8 @@ def _index(paths: Sequence[str | os.PathLike[str]]) -> _Index:
                 ep.call_group = ep.call_group or ev.data.get("group_id")
             elif ev.kind == "episode_end":
                 ep.end = ev.data
-        if reader.torn_tail is not None:
-            index.torn.append(reader.torn_tail.describe(reader.path))
+        for torn in [*reader.torn_lines, *([reader.torn_tail] if reader.torn_tail else [])]:
+            index.torn.append(torn.describe(reader.path))
     return index
 
 
@@ -199,7 +219,7 @@ def _outcomes(groups: Mapping[str, list[_Episode]]) -> dict[str, _Outcome]:
             end = ep.end or {}
             reward = end.get("reward")
             stop = str(end.get("stop_reason", "error"))
-            if stop not in STOP_REASONS or stop == "compacted":
+            if stop not in STOP_REASONS or stop in ("compacted", "prefix_break"):
                 logger.warning("episode %s: stop_reason %r read as 'error'", ep.episode_id, stop)
                 stop = "error"
             out[ep.episode_id] = _Outcome(
@@ -241,10 +261,31 @@ def _episode_items(
         if decoder is None:
             continue
         try:
-            yield ev.kind, decoder.from_dict(ev.data)  # type: ignore[attr-defined]
-        except TypeError as exc:
-            raise TrajectoryError(f"{ctx.logs[log]}:{line}: bad {ev.kind} event: {exc}"
-                                  ) from exc
+            value = decoder.from_dict(ev.data)  # type: ignore[attr-defined]
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            # the exception text may quote values: only its type and the place are named
+            raise TrajectoryError(f"{ctx.logs[log]}:{line}: malformed {ev.kind} event "
+                                  f"({type(exc).__name__}: its fields do not fit "
+                                  f"{decoder.__name__})") from None
+        if ev.kind == "model_call":
+            _check_call(value, ctx.logs[log], line)
+        yield ev.kind, value
+
+
+def _check_call(call: ModelCall, path: Path, line: int) -> None:
+    """The field types the segment builder relies on, checked up front (a wrong one would
+    fail deep inside a dialect with a traceback)."""
+    where = f"{path}:{line}: malformed model_call event"
+    for name in ("messages", "response"):
+        if not isinstance(getattr(call, name), list):
+            raise TrajectoryError(f"{where}: {name} is {type(getattr(call, name)).__name__}, "
+                                  "not a list")
+    if not isinstance(call.request, dict) or not isinstance(call.dialect, str):
+        raise TrajectoryError(f"{where}: request must be an object and dialect a string")
+    for name in ("prompt_token_ids", "response_token_ids", "response_logprobs"):
+        value = getattr(call, name)
+        if value is not None and not isinstance(value, list):
+            raise TrajectoryError(f"{where}: {name} is {type(value).__name__}, not a list")
 
 
 @dataclass(frozen=True)
@@ -297,8 +338,15 @@ def _export_episode(ctx: _Context, job: _Job) -> _Done:
     """Read one episode's events back, cut them into segments and build its rows."""
     opts = ctx.opts
     items = list(_episode_items(ctx, job.spans))
-    segs = build_segments(items, ctx.tok, summary_trained=opts.summary_trained,
-                          verify=opts.verify_tokens, keep_messages=opts.keep_messages)
+    try:
+        segs = build_segments(items, ctx.tok, summary_trained=opts.summary_trained,
+                              verify=opts.verify_tokens, keep_messages=opts.keep_messages,
+                              keep_prompts=opts.keep_prompts)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        first, last = job.spans[0], job.spans[-1]
+        raise TrajectoryError(
+            f"{ctx.logs[first[0]]}:{first[3]}-{last[3]}: episode {job.episode_id!r}: a "
+            f"malformed event ({type(exc).__name__} while building its segments)") from None
     adv = {} if job.advantage is None else {job.episode_id: job.advantage}
     rows = _with_advantages(_rows(job, segs, ctx.tok, opts), adv, opts)
     compactions = sum(1 for kind, _ in items if kind == "compaction")
@@ -331,13 +379,17 @@ def _rows(
             "response_mask": np.array(s.response_mask, dtype=np.int8),
             "rollout_logprobs": np.array(s.rollout_logprobs, dtype=np.float32),
             "summary_span": s.summary_span, "summary_trained": s.summary_trained,
-            "compaction_trigger": "none" if last else s.compaction_trigger,
+            "compaction_trigger": "none" if last or s.break_reason not in (
+                "compaction", "summary") else s.compaction_trigger,
             "episode_reward": outcome.reward, "segment_reward": 0.0,
-            "stop_reason": outcome.stop_reason if last else "compacted",
+            "stop_reason": outcome.stop_reason if last else (
+                "compacted" if s.break_reason in ("compaction", "summary") else "prefix_break"),
+            "segment_break": None if last else s.break_reason,
             "mask_episode": masked, "loss_weight": 1.0,
             "episode_num_loss_tokens": loss_tokens, "episode_num_segments": k,
             "policy_version": s.policy_version, **tok.info(), "sampling": s.sampling,
-            "messages_json": s.messages_json, "advantages": np.zeros(n, dtype=np.float32),
+            "messages_json": s.messages_json, "prompt_json": s.prompt_json,
+            "tools_json": s.tools_json, "advantages": np.zeros(n, dtype=np.float32),
             "returns": None,
         })
     return rows
@@ -684,6 +736,12 @@ class _Counts:
     prompt_tokens: int = 0
     response_tokens: int = 0
     loss_tokens: int = 0
+    #: mask-1 tokens of unmasked episodes with a non-zero reward whose advantage is 0
+    #: (gae-* modes; under grpo a group whose episodes all got the same reward has A = 0)
+    zero_advantage_loss_tokens: int = 0
+    #: episodes with a row over ``max_tokens``: masked, or dropped (not written)
+    episodes_overlong_masked: int = 0
+    episodes_overlong_dropped: int = 0
     breaks: dict[str, int] = field(default_factory=dict)
 
     def add(self, done: _Done) -> None:
@@ -698,6 +756,10 @@ class _Counts:
             self.prompt_tokens += len(r["prompt_ids"])
             self.response_tokens += len(r["response_ids"])
             self.loss_tokens += int(np.count_nonzero(r["response_mask"]))
+            if not r["mask_episode"] and r["episode_reward"] != 0:
+                mask = np.asarray(r["response_mask"]) == 1
+                self.zero_advantage_loss_tokens += int(
+                    np.count_nonzero(np.asarray(r["advantages"])[mask] == 0))
         for reason in done.breaks:
             self.breaks[reason] = self.breaks.get(reason, 0) + 1
 
@@ -723,18 +785,69 @@ def export_runs(
     tokenizer: ChatTokenizer | str | os.PathLike[str],
     options: ExportOptions | None = None,
     *,
+    keep_events: str | os.PathLike[str] | None = None,
     runner: Any = None,
 ) -> dict[str, Any]:
-    """Export recorded runs (run folders or ``events.jsonl`` files) to ``out_dir``.
+    """Export runs to ``out_dir``: what ``agentcompact export`` accepts.
 
-    :param runs: event logs; an episode may not span two logs.
+    :param runs: recorded runs (folders holding ``events.jsonl``, or such files) and
+        trajectory files / folders the loaders read (Claude Code, SWE-agent,
+        mini-swe-agent, tau-bench, message lists), converted to events first
+        (``agentcompact.trajectory.importers``); an episode may not span two logs.
     :param out_dir: created if missing; existing segment files in it are an error.
     :param tokenizer: the trainer's tokenizer (name, path, or a ``ChatTokenizer``).
+    :param keep_events: a folder to keep the events converted from trajectory files in
+        (default: a temporary folder, removed afterwards).
     :param runner: what exports the episodes, ``(context, workers, start_method)`` → a
         context manager with ``run(jobs)`` yielding their results in order (default: this
         process or its worker processes; ``ray_export`` passes a Ray Data one).
     :returns: the manifest (also written to ``out_dir/manifest.json``).
     """
+    from .importers import is_event_log
+
+    logs = [r for r in runs if is_event_log(r)]
+    files = [r for r in runs if not is_event_log(r)]
+    with _private_files():
+        if not files:
+            return _export_logs(logs, out_dir, tokenizer, options)
+        return _import_and_export(logs, files, out_dir, tokenizer, options, keep_events)
+
+
+def _import_and_export(
+    logs: list[str | os.PathLike[str]],
+    files: list[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tokenizer: ChatTokenizer | str | os.PathLike[str],
+    options: ExportOptions | None,
+    keep_events: str | os.PathLike[str] | None,
+) -> dict[str, Any]:
+    from .importers import import_trajectories
+
+    with tempfile.TemporaryDirectory(prefix="agentcompact-import-") as tmp:
+        folder = Path(keep_events) if keep_events is not None else Path(tmp)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        events = folder / "events.jsonl"
+        count = import_trajectories(files, events)
+        logger.info("converted %d trajectories to %s", count, events)
+        return _export_logs([*logs, events], out_dir, tokenizer, options)
+
+
+@contextlib.contextmanager
+def _private_files() -> Iterator[None]:
+    """Files the export writes are ``0600`` and folders ``0700`` (umask 077 meanwhile)."""
+    saved = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(saved)
+
+
+def _export_logs(
+    runs: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    tokenizer: ChatTokenizer | str | os.PathLike[str],
+    options: ExportOptions | None = None,
+) -> dict[str, Any]:
     opts = options or ExportOptions()
     opts.check()
     tok = tokenizer if isinstance(tokenizer, ChatTokenizer) else (
@@ -751,6 +864,7 @@ def export_runs(
         1 for ep in index.episodes.values() if not ep.calls))
     total = sum(len(eps) for eps in groups.values())
     start_method = opts.start_method or default_start_method()
+    recompute = _recomputer(opts)
     episodes = (runner or _Episodes)(_Context(index.logs, tok, opts),
                                      _workers(opts, total, start_method), start_method)
     with episodes:  # worker processes (if any) start before the writer opens files
@@ -766,6 +880,10 @@ def export_runs(
                 for size in sizes:
                     for _ in range(size):
                         done = next(results)
+                        if not _length_policy(done, opts, counts):
+                            continue
+                        if recompute is not None:
+                            done.rows = recompute(done.rows)
                         counts.add(done)
                         writer.add(done.rows, done.episode)
                         bar.update(task, advance=1, segments=counts.segments)
@@ -774,9 +892,56 @@ def export_runs(
             writer.close()
     manifest = _manifest(index, tok, opts, counts, writer)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / "README.md").write_text(dataset_card(manifest))
+    _warn_zero_advantages(opts, counts)
     if opts.validate:
         validate_export(out)
     return manifest
+
+
+def _warn_zero_advantages(opts: ExportOptions, counts: _Counts) -> None:
+    """Say so when the advantage mode leaves trained tokens of rewarded episodes at 0
+    (``gae-truncated`` without a critic does it to every segment but the last; ``gae-chain``
+    with ``gamma·lam`` well below 1 decays a reward to nothing over a long chain)."""
+    zero = counts.zero_advantage_loss_tokens
+    if zero and opts.advantage.startswith("gae"):  # grpo: 0 in a uniform group, by design
+        logger.warning(
+            "advantage %s (gamma %s, lam %s): %d of %d loss tokens of rewarded episodes get "
+            "advantage 0 and will not be trained; without a critic use grpo, or gae-chain "
+            "with gamma = lam = 1", opts.advantage, opts.gamma, opts.lam, zero,
+            counts.loss_tokens)
+
+
+def _length_policy(done: _Done, opts: ExportOptions, counts: _Counts) -> bool:
+    """Apply ``max_tokens`` to one episode: ``False`` when it is dropped. A masked episode
+    keeps its rows with ``mask_episode`` set and its advantages zeroed (its group's
+    statistics were computed with it, as for any masked episode)."""
+    limit = opts.max_tokens
+    if limit is None or all(len(r["prompt_ids"]) + len(r["response_ids"]) <= limit
+                            for r in done.rows):
+        return True
+    if opts.overlong == "drop":
+        counts.episodes_overlong_dropped += 1
+        return False
+    counts.episodes_overlong_masked += 1
+    for r in done.rows:
+        r["mask_episode"] = True
+        r["advantages"] = np.zeros(len(r["response_ids"]), dtype=np.float32)
+        if r.get("returns") is not None:
+            r["returns"] = np.zeros(len(r["response_ids"]), dtype=np.float32)
+    done.episode = dict(done.episode, mask_episode=True)
+    return True
+
+
+def _recomputer(opts: ExportOptions) -> Any:
+    if opts.recompute_logprobs is None:
+        return None
+    try:
+        from ..rl.recompute import LogprobRecomputer
+    except ImportError as exc:
+        raise ConfigError("--recompute-logprobs needs torch (the `rl` extra)") from exc
+    return LogprobRecomputer(opts.recompute_logprobs, device=opts.recompute_device,
+                             batch_tokens=opts.recompute_batch_tokens)
 
 
 def _manifest(index: _Index, tok: ChatTokenizer, opts: ExportOptions, counts: _Counts,
@@ -793,7 +958,9 @@ def _manifest(index: _Index, tok: ChatTokenizer, opts: ExportOptions, counts: _C
                       "lam": opts.lam, "values": "zero (no critic)"
                       if opts.advantage.startswith("gae") else None},
         "summary_trained_override": opts.summary_trained,
+        "logprobs": {"recomputed_with": opts.recompute_logprobs},
         "mask_stop_reasons": sorted(opts.mask_stop_reasons),
+        "length": {"max_tokens": opts.max_tokens, "overlong": opts.overlong},
         "counts": {k: v for k, v in vars(counts).items()},
         "files": {"segments": writer.files,
                   "episodes": {"path": writer.episodes_path.name, "rows": writer.episode_rows}},

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from .export import (
     ExportOptions,
     export_runs,
 )
-from .importers import import_trajectories, is_event_log
 
 __all__ = ["add_parser", "main", "run"]
 
@@ -72,6 +70,20 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="export the episodes on Ray Data (extra 'ray'): ADDRESS of a cluster "
                    "(auto, ray://host:10001); alone: RAY_ADDRESS, else a local Ray. The run "
                    "logs must be at the same path on every node")
+    p.add_argument("--no-prompts", action="store_true",
+                   help="leave prompt_json / tools_json out (verl's parquet needs them)")
+    p.add_argument("--recompute-logprobs", metavar="MODEL", default=None,
+                   help="fill rollout_logprobs with this Hugging Face causal LM (name or path) "
+                   "where the server reported none")
+    p.add_argument("--recompute-device", default="cpu", help="device of --recompute-logprobs")
+    p.add_argument("--recompute-batch-tokens", type=int, default=16384,
+                   help="tokens per forward pass of --recompute-logprobs")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="longest trainable row (prompt + response tokens); rows are never "
+                   "truncated: see --overlong")
+    p.add_argument("--overlong", choices=("mask", "drop"), default="mask",
+                   help="an episode with a row over --max-tokens: mask it (zero loss, kept) "
+                   "or drop it (not written); counted in the manifest")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -82,28 +94,25 @@ def _options(args: argparse.Namespace) -> ExportOptions:
         summary_trained=args.summary_trained, mask_stop_reasons=reasons, gamma=args.gamma,
         lam=args.lam, keep_messages=args.messages,
         progress=not args.no_progress and sys.stderr.isatty(), workers=args.workers,
+        keep_prompts=not args.no_prompts, recompute_logprobs=args.recompute_logprobs,
+        recompute_device=args.recompute_device,
+        recompute_batch_tokens=args.recompute_batch_tokens, max_tokens=args.max_tokens,
+        overlong=args.overlong,
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``agentcompact export``; returns the exit status (0 ok, 1 error)."""
-    logs = [r for r in args.runs if is_event_log(r)]
-    files = [r for r in args.runs if not is_event_log(r)]
     try:
-        with tempfile.TemporaryDirectory(prefix="agentcompact-import-") as tmp:
-            if files:
-                events = (args.keep_events or Path(tmp)) / "events.jsonl"
-                events.parent.mkdir(parents=True, exist_ok=True)
-                count = import_trajectories(files, events)
-                logger.info("converted %d trajectories to %s", count, events)
-                logs.append(str(events))
-            if args.ray is not None:
-                from .ray_export import export_runs_ray
+        if args.ray is not None:
+            from .ray_export import export_runs_ray
 
-                manifest = export_runs_ray(logs, args.out, args.tokenizer, _options(args),
-                                           address=args.ray or None)
-            else:
-                manifest = export_runs(logs, args.out, args.tokenizer, _options(args))
+            manifest = export_runs_ray(args.runs, args.out, args.tokenizer, _options(args),
+                                       address=args.ray or None,
+                                       keep_events=args.keep_events)
+        else:
+            manifest = export_runs(args.runs, args.out, args.tokenizer, _options(args),
+                                   keep_events=args.keep_events)
     except AgentCompactError as exc:
         print(f"agentcompact export: error: {exc}", file=sys.stderr)
         return 1

@@ -61,6 +61,7 @@ class RayEpisodes:
 
     :param workers: actors (``ExportOptions.workers`` when set, else the cluster's CPUs).
     :param batch_size: episodes per actor call.
+    :param keep_events: as for ``export_runs`` (trajectory files converted to events).
     """
 
     def __init__(self, ctx: Any, workers: int, start_method: str, *,
@@ -119,6 +120,7 @@ def export_runs_ray(
     address: str | None = None,
     num_cpus: int | None = None,
     batch_size: int = 4,
+    keep_events: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """``export_runs`` with the episodes exported on Ray (the same files).
 
@@ -126,6 +128,7 @@ def export_runs_ray(
         this process is connected to, else ``RAY_ADDRESS``, else a local Ray started for
         this export (with ``num_cpus``) and shut down after it.
     :param batch_size: episodes per actor call.
+    :param keep_events: as for ``export_runs`` (trajectory files converted to events).
     """
     try:
         import ray
@@ -139,7 +142,8 @@ def export_runs_ray(
                  logging_level=logging.WARNING, log_to_driver=False)
     try:
         return _export.export_runs(runs, out_dir, tokenizer, options,
-                                   runner=partial(RayEpisodes, batch_size=batch_size))
+                                   runner=partial(RayEpisodes, batch_size=batch_size),
+                                   keep_events=keep_events)
     finally:
         if started:
             ray.shutdown()

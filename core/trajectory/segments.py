@@ -11,11 +11,11 @@ is a prefix-extension of the previous call's context + response. Three levels de
 3. tokens — the ids of the longer text must extend the ids so far (``TokenStream``).
 
 Any failure closes the segment and starts a new one with the current call. A compaction
-event logged in between supplies the segment's ``compaction_trigger`` and, when the
-summarizer was the policy (``SummaryCall.trained``), the summary request (mask 0) and the
-summary tokens (mask 1) appended at the end of the segment's response (SUPO-style). An
-external summary is not appended: it shows up in the next segment's prompt, mask 0
-(ReSum-style).
+event logged in between supplies the segment's ``compaction_trigger``. When the summarizer
+was the policy (``SummaryCall.trained``), each summary becomes a segment of its own right
+after it, trained in the context it was written in: its prompt is the summarizer's exact
+chat (system prompt included), its response the summary (mask 1). An external summary is
+not trained: it shows up in the next segment's prompt, mask 0 (ReSum-style).
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ class Segment:
     compaction_trigger: str = "none"
     break_reason: str = ""  # why the next segment started: compaction/context/template/tokens
     messages_json: str | None = None
+    prompt_json: str | None = None  # the prompt's chat-template messages (JSON list)
+    tools_json: str | None = None  # the tool schemas of the prompt (chat-template form)
 
     @property
     def working_context(self) -> int:
@@ -113,20 +115,6 @@ def _sampling(call: ModelCall, logprobs_known: bool) -> dict[str, Any]:
         "top_k": int(top_k) if isinstance(top_k, int) else None,
         "logprobs_mode": str(req.get("logprobs_mode", "raw")) if logprobs_known else "none",
     }
-
-
-def _request_chat(summary: SummaryCall) -> list[dict[str, Any]]:
-    """The summarizer's instructions as user turns (its system prompt belongs to another
-    context and is left out)."""
-    out = []
-    for message in summary.prompt:
-        if message.get("role") == "system":
-            continue
-        content = message.get("content", "")
-        if isinstance(content, list):
-            content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        out.append({"role": "user", "content": str(content)})
-    return out or [{"role": "user", "content": ""}]
 
 
 class _Window:
@@ -269,6 +257,7 @@ class _Builder:
         self.queued = 0  # characters of queued text
         self.stream: TokenStream | None = None
         self.chat = to_chat_messages(call.messages, self.dialect, self.system)
+        self.prompt_chat = self.chat
         if self.recorded:
             self.stream = TokenStream.from_ids(tok, call.prompt_token_ids or [])
         else:
@@ -407,29 +396,7 @@ class _Builder:
         if not self.recorded:
             self._confirm(self.chat, False, self.full)
 
-    def append_summary(self, summary: SummaryCall) -> bool:
-        """Append the summary request (mask 0) and the policy's summary (mask 1)."""
-        request = _request_chat(summary)
-        done, _ = self.tok.split_at_eos(self.tok.render(self.chat, self.tools))
-        ask = self.tok.render([*self.chat, *request], self.tools, add_generation_prompt=True)
-        answer = {"role": "assistant", "content": summary.output}
-        full = self.tok.render([*self.chat, *request, answer], self.tools)
-        if not ask.startswith(done) or not full.startswith(ask):
-            return False
-        stream = self.stream
-        assert stream is not None, "flush() the builder before closing it"
-        try:
-            stream.extend(ask[len(done):])
-        except PrefixBreak:
-            return False
-        start = len(stream.response_ids)
-        stream.sample(self.tok.split_at_eos(full[len(ask):])[0])
-        self.span = [start, len(stream.response_ids)]
-        self.chat = [*self.chat, *request, answer]
-        self.logprobs_known = False
-        return True
-
-    def close(self, *, keep_messages: bool) -> Segment:
+    def close(self, *, keep_messages: bool, keep_prompts: bool = True) -> Segment:
         s = self.stream
         assert s is not None, "flush() the builder before closing it"
         s.verify()
@@ -444,10 +411,43 @@ class _Builder:
             policy_version=int(self.first.policy_version),
             model=self.first.model,
             num_calls=self.num_calls,
-            summary_span=list(getattr(self, "span", [])),
-            summary_trained=hasattr(self, "span"),
+            summary_span=[],
+            summary_trained=False,
             messages_json=orjson.dumps(self.chat).decode() if keep_messages else None,
+            prompt_json=orjson.dumps(self.prompt_chat).decode() if keep_prompts else None,
+            tools_json=orjson.dumps(self.tools).decode()
+            if keep_prompts and self.tools is not None else None,
         )
+
+
+def _summary_segment(summary: SummaryCall, tok: ChatTokenizer, first: ModelCall,
+                     trigger: str, *, keep_messages: bool, keep_prompts: bool
+                     ) -> Segment | None:
+    """A policy-written summary as a segment of its own, in the context it was written in:
+    the prompt is the summarizer's exact chat (its system prompt and instructions, rendered
+    with the chat template and a generation prompt), the response the summary and its stop
+    token (mask 1). ``None`` when the template does not render it prefix-stably."""
+    chat = [dict(m) for m in summary.prompt]
+    answer = {"role": "assistant", "content": summary.output}
+    try:
+        ask = tok.render(chat, None, add_generation_prompt=True)
+        full = tok.render([*chat, answer], None)
+    except TokenizerError:
+        return None
+    if not full.startswith(ask):
+        return None
+    stream = TokenStream(tok, ask)
+    stream.sample(tok.split_at_eos(full[len(ask):])[0])
+    n = len(stream.response_ids)
+    return Segment(
+        prompt_ids=stream.prompt_ids, response_ids=stream.response_ids,
+        response_mask=stream.mask, rollout_logprobs=[0.0] * n, logprobs_known=False,
+        sampling=_sampling(first, False), policy_version=int(first.policy_version),
+        model=summary.model or first.model, num_calls=0, summary_span=[0, n],
+        summary_trained=True, compaction_trigger=trigger, break_reason="summary",
+        messages_json=orjson.dumps([*chat, answer]).decode() if keep_messages else None,
+        prompt_json=orjson.dumps(chat).decode() if keep_prompts else None,
+    )
 
 
 def _close(
@@ -458,20 +458,29 @@ def _close(
     reason: str,
     summary_trained: bool | None,
     keep_messages: bool,
-) -> Segment:
+    keep_prompts: bool = True,
+) -> list[Segment]:
+    """The builder's segment, then one segment per policy-written summary of the
+    compaction that ended it (each in its own context: ``_summary_segment``)."""
     builder.check()
+    segment = builder.close(keep_messages=keep_messages, keep_prompts=keep_prompts)
+    segment.break_reason = "compaction" if reason and compaction is not None else reason
+    if reason and compaction is not None:
+        segment.compaction_trigger = TRIGGERS.get(compaction.reason, "token_budget")
+    out = [segment]
     if reason:
         for summary in summaries:
             trained = summary.trained if summary_trained is None else summary_trained
             if trained and summary.output and not summary.error:
-                if not builder.append_summary(summary):
-                    logger.warning("summary %s: template not prefix-stable, not appended",
+                own = _summary_segment(summary, builder.tok, builder.first,
+                                       segment.compaction_trigger,
+                                       keep_messages=keep_messages, keep_prompts=keep_prompts)
+                if own is None:
+                    logger.warning("summary %s: template not prefix-stable, not trained",
                                    summary.call_id)
-    segment = builder.close(keep_messages=keep_messages)
-    segment.break_reason = "compaction" if reason and compaction is not None else reason
-    if reason and compaction is not None:
-        segment.compaction_trigger = TRIGGERS.get(compaction.reason, "token_budget")
-    return segment
+                else:
+                    out.append(own)
+    return out
 
 
 def build_segments(
@@ -482,6 +491,7 @@ def build_segments(
     verify: bool = False,
     keep_messages: bool = False,
     window: bool = True,
+    keep_prompts: bool = True,
 ) -> list[Segment]:
     """Segments of one episode from its events in log order.
 
@@ -491,6 +501,8 @@ def build_segments(
     :param summary_trained: override ``SummaryCall.trained`` for every summary.
     :param verify: check each segment's ids against a full encode of its text.
     :param keep_messages: fill ``messages_json`` (chat-template messages, for debugging).
+    :param keep_prompts: fill ``prompt_json`` / ``tools_json`` (the segment's prompt
+        messages and tool schemas: verl's dataset ``prompt`` column).
     :param window: render each call's prompt from a short window of the conversation
         (checked against one full render per segment, see ``_Window``); ``False`` renders
         the whole conversation on every call. The segments are the same either way.
@@ -506,8 +518,9 @@ def build_segments(
 
     def close(reason: str, before: CompactionEvent | None, done: list[SummaryCall]) -> None:
         assert builder is not None
-        segments.append(_close(builder, before, done, reason=reason,
-                               summary_trained=summary_trained, keep_messages=keep_messages))
+        segments.extend(_close(builder, before, done, reason=reason,
+                               summary_trained=summary_trained, keep_messages=keep_messages,
+                               keep_prompts=keep_prompts))
 
     i = 0
     while i < len(items):

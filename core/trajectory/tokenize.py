@@ -559,6 +559,8 @@ class TokenStream:
         self._tail_n = 0
         self._broken: str | None = None
         self._intact: tuple[int, int] | None = None  # (pieces, ids) before a broken sample
+        #: sampled pieces kept as their own ids where the text would merge across the join
+        self.tito_joins = 0
         self._retail(prompt_text, self.prompt_ids)
 
     @classmethod
@@ -664,7 +666,8 @@ class TokenStream:
 
     def sample(self, piece: str, engine_ids: Sequence[int] | None = None,
                logprobs: Sequence[float] | None = None) -> bool:
-        """Append policy output (mask 1), tokenized on its own as an engine emits it.
+        """Append policy output (mask 1), tokenized on its own as an engine emits it (or,
+        without ``engine_ids``, in context when that extends the ids so far).
 
         ``logprobs`` are kept only when ``engine_ids`` (the ids the engine reported) equal
         the ids produced here; returns whether they were kept (else the tokens get 0.0 and
@@ -678,6 +681,15 @@ class TokenStream:
         else:
             ids, joint_ids = self._encode_pair(piece, joint)
         old = self._ids_tail()
+        if engine_ids is None and joint_ids != old + ids:
+            # No engine ids to be faithful to, and the text does not tokenize as a join of
+            # the two: a tokenizing artefact, not a compaction, so the segment goes on.
+            if joint_ids[:len(old)] == old:  # the piece's ids in context extend the ids
+                ids = joint_ids[len(old):]
+            else:  # the join merges into earlier ids: keep them, as token-in-token-out
+                self._text = None  # agent loops do; the ids no longer equal encode(text)
+                self.tito_joins += 1
+                joint_ids = old + ids
         if joint_ids != old + ids:
             self._broken = "tokens"
             if self._text is not None:

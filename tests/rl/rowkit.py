@@ -49,6 +49,9 @@ def make_row(**fields: Any) -> dict[str, Any]:
         "chat_template_sha256": "b" * 64,
         "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs_mode": "raw"},
         "messages_json": None,
+        "prompt_json": None,
+        "tools_json": None,
+        "segment_break": None,
         "advantages": [0.0, 0.0, 0.0],
     }
     row.update(fields)

@@ -102,24 +102,37 @@ def test_to_verl_limits_raise_instead_of_truncating() -> None:
 def test_to_verl_parquet_loads_with_pyarrow_and_datasets(tmp_path: Path) -> None:
     from datasets import Dataset
 
-    messages = [{"role": "user", "content": "fix it"}, {"role": "assistant", "content": [1]}]
-    rows = group_rows()
-    rows[0] = dict(rows[0], messages_json=json.dumps(messages))
+    prompt = [{"role": "system", "content": "S"}, {"role": "user", "content": "fix it"},
+              {"role": "assistant", "content": "", "tool_calls": [
+                  {"id": "c1", "type": "function",
+                   "function": {"name": "bash", "arguments": {"cmd": "ls"}}}],
+               "cache_hint": 3},
+              {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "a"}]}]
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    rows = [dict(r, prompt_json=json.dumps(prompt), tools_json=json.dumps(tools))
+            for r in group_rows()]
     to_verl_parquet(rows, tmp_path / "verl.parquet")
     table = pq.read_table(tmp_path / "verl.parquet")
-    for col in ("data_source", "prompt", "ability", "reward_model", "extra_info", "uid",
+    for col in ("data_source", "prompt", "tools", "ability", "reward_model", "extra_info", "uid",
                 "prompt_ids", "response_ids", "response_mask", "rollout_log_probs",
                 "advantages"):
         assert col in table.column_names
     ds = Dataset.from_parquet(str(tmp_path / "verl.parquet"), cache_dir=str(tmp_path / "c"))
     assert len(ds) == 5
     first = ds[0]
-    assert first["prompt"] == [{"role": "user", "content": "fix it"},
-                               {"role": "assistant", "content": "[1]"}]
+    got = first["prompt"]
+    assert [m["role"] for m in got] == ["system", "user", "assistant", "tool"]
+    assert got[1]["content"] == "fix it" and got[3]["tool_call_id"] == "c1"
+    assert got[2]["tool_calls"][0]["function"] == {"name": "bash", "arguments": '{"cmd": "ls"}'}
+    assert json.loads(got[2]["extra_json"]) == {"cache_hint": 3}  # kept, not dropped
+    assert json.loads(got[3]["content"]) == [{"type": "text", "text": "a"}]
+    assert json.loads(first["tools"]) == tools
+    assert first["extra_info"]["prompt_tokens"] == len(rows[0]["prompt_ids"])
     assert first["uid"] == "g0" and first["extra_info"]["episode_id"] == "E1"
     assert first["response_ids"] == rows[0]["response_ids"]
     assert ds[4]["response_mask"] == [0, 0, 0]  # masked episode
-    assert ds[1]["prompt"] == []
+    with pytest.raises(ValidationError, match="segment 0 has no prompt_json"):
+        to_verl_parquet(group_rows(), tmp_path / "no.parquet")
 
 
 def test_trl_rollout_and_sft() -> None:

@@ -10,13 +10,13 @@ import torch
 
 from agentcompact.errors import ValidationError
 from agentcompact.rl.advantages import assign_advantages
+from agentcompact.rl.ppo import policy_loss
 from agentcompact.rl.schema import to_float32, validate_rows, write_parquet
 from agentcompact.rl.torch_data import (
     SegmentDataset,
     batch_token_weights,
     collate,
     move_to,
-    policy_loss,
 )
 
 from .rowkit import QWEN_TOKENIZER, make_episode, make_row

@@ -108,7 +108,8 @@ def test_jsonl_equals_parquet(tau_export: Path, tmp_path: Path, tok: ChatTokeniz
     assert read_rows(tmp_path / "j" / "segments-00000.jsonl") == read_rows(
         tau_export / "segments-00000.parquet")
     assert sorted(p.name for p in (tmp_path / "j").iterdir()) == [
-        "episodes.jsonl", "manifest.json", *[f"segments-0000{i}.jsonl" for i in range(4)]]
+        "README.md", "episodes.jsonl", "manifest.json",
+        *[f"segments-0000{i}.jsonl" for i in range(4)]]
 
 
 def test_loads_with_pyarrow_and_datasets(tau_export: Path, tmp_path: Path) -> None:
@@ -215,3 +216,129 @@ def test_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_read_rows_of_an_export_folder_is_its_segment_rows(tau_export: Path) -> None:
     rows = read_export(tau_export)
     assert len(rows) == 200 and read_rows(tau_export) == rows  # not the episode table too
+
+
+def test_a_token_break_is_labelled_prefix_break_never_compacted(
+        tmp_path: Path, tok: ChatTokenizer) -> None:
+    from agentcompact.events import ModelCall
+
+    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
+    reply = {"role": "assistant", "content": "ok"}
+    calls = [
+        ModelCall(episode_id="e", dialect="openai_chat", messages=history, response=[reply],
+                  prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5],
+                  response_logprobs=[-0.1, -0.2], group_id="g"),
+        ModelCall(episode_id="e", dialect="openai_chat",
+                  messages=[*history, reply, {"role": "user", "content": "more"}],
+                  response=[reply], prompt_token_ids=[1, 2, 3, 4, 6, 7],
+                  response_token_ids=[8], response_logprobs=[-0.3], group_id="g"),
+    ]
+    record(tmp_path / "run", [[("model_call", c) for c in calls]],
+           [EpisodeEnd(episode_id="e", reward=1.0, group_id="g")])
+    export_runs([tmp_path / "run"], tmp_path / "out", tok, ExportOptions(workers=1))
+    rows = read_rows(tmp_path / "out")
+    assert [r["stop_reason"] for r in rows] == ["prefix_break", "complete"]
+    assert [r["segment_break"] for r in rows] == ["tokens", None]
+    assert rows[0]["compaction_trigger"] == "none"
+    assert rows[0]["sampling"]["logprobs_mode"] != "none"  # engine logprobs kept
+
+
+def test_every_field_is_on_the_dataset_card_and_files_are_private(
+        tmp_path: Path, tok: ChatTokenizer, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import os
+
+    from agentcompact.rl.card import EPISODE_FIELDS, SEGMENT_FIELDS
+    from agentcompact.rl.schema import EPISODE_SCHEMA, SEGMENT_SCHEMA
+
+    assert set(SEGMENT_FIELDS) == set(SEGMENT_SCHEMA.names)
+    assert set(EPISODE_FIELDS) == set(EPISODE_SCHEMA.names)
+    record(tmp_path / "run", [agent_loop("e0", 4, compact_at=2), agent_loop("e1", 2)],
+           [EpisodeEnd(episode_id="e0", reward=1.0, group_id="task-0"),
+            EpisodeEnd(episode_id="e1", reward=0.0, group_id="task-0", sample_index=1)])
+    old = os.umask(0o022)
+    try:
+        with caplog.at_level(logging.WARNING):
+            manifest = export_runs([tmp_path / "run"], tmp_path / "out", tok,
+                                   ExportOptions(workers=1, advantage="gae-truncated"))
+    finally:
+        os.umask(old)
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert all(f"| `{name}` |" in card for name in SEGMENT_SCHEMA.names)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()} == {0o600}
+    # no critic: the truncated chain gives e0's first segment nothing to learn from
+    assert manifest["counts"]["zero_advantage_loss_tokens"] > 0
+    assert "advantage gae-truncated" in caplog.text and "will not be trained" in caplog.text
+
+
+@needs_shared_data("trajectories", "claude-code")
+def test_claude_code_compaction_summaries_train_in_their_own_context(
+        tmp_path: Path, tok: ChatTokenizer) -> None:
+    session = TRAJECTORIES / "claude-code" / "ae4a77f8-aedd-4bc1-888f-c94edc91af04.jsonl"
+    summarizer = session.with_suffix("") / "subagents" / "agent-acompact-946d2b.jsonl"
+    runs = [session, summarizer]
+    plain = export_runs(runs, tmp_path / "plain", tok, ExportOptions(workers=1))
+    trained = export_runs(runs, tmp_path / "trained", tok,
+                          ExportOptions(workers=1, summary_trained=True))
+    assert plain["counts"]["episodes"] == trained["counts"]["episodes"] == 1  # attached
+    rows = read_rows(tmp_path / "trained")
+    own = [r for r in rows if r["segment_break"] == "summary"]
+    assert len(own) == 1 and plain["counts"]["segments"] + 1 == len(rows)
+    text = tok.hf.decode(own[0]["prompt_ids"])
+    assert "detailed summary of the conversation" in text  # the summary request, as asked
+    assert text.endswith("<|im_start|>assistant\n")
+    assert own[0]["summary_trained"] and set(own[0]["response_mask"]) == {1}
+    assert tok.hf.decode(own[0]["response_ids"]).startswith("<analysis>")
+
+
+@pytest.mark.parametrize("policy", ["mask", "drop"])
+def test_overlong_episodes_are_masked_or_dropped_with_a_count_never_truncated(
+        tmp_path: Path, tok: ChatTokenizer, policy: str) -> None:
+    record(tmp_path / "run", [agent_loop("long", 6), agent_loop("short", 1)],
+           [EpisodeEnd(episode_id="long", reward=1.0, group_id="task-0"),
+            EpisodeEnd(episode_id="short", reward=0.0, group_id="task-0", sample_index=1)])
+    full = read_rows_of(export_runs([tmp_path / "run"], tmp_path / "full", tok,
+                                    ExportOptions(workers=1)), tmp_path / "full")
+    sizes = {r["episode_id"]: len(r["prompt_ids"]) + len(r["response_ids"]) for r in full}
+    limit = sizes["short"]
+    assert sizes["long"] > limit
+    manifest = export_runs([tmp_path / "run"], tmp_path / policy, tok,
+                           ExportOptions(workers=1, max_tokens=limit, overlong=policy))
+    rows = read_rows(tmp_path / policy)
+    counts = manifest["counts"]
+    if policy == "drop":
+        assert [r["episode_id"] for r in rows] == ["short"]
+        assert counts["episodes_overlong_dropped"] == 1 and counts["episodes"] == 1
+    else:
+        assert [r["episode_id"] for r in rows] == ["long", "short"]
+        assert rows[0]["mask_episode"] and set(rows[0]["advantages"]) == {0.0}
+        assert rows[0]["response_ids"] == full[0]["response_ids"]  # not truncated
+        assert counts["episodes_overlong_masked"] == 1
+
+
+def read_rows_of(manifest: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    assert manifest["counts"]["segments"] >= 1
+    return read_rows(out)
+
+
+def test_cli_reports_a_malformed_event_by_file_and_line_without_content(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    events = record(tmp_path / "run", [agent_loop("e0", 2)],
+                    [EpisodeEnd(episode_id="e0", reward=1.0, group_id="task-0")])
+    lines = events.read_bytes().splitlines(keepends=True)
+    lines.insert(2, b'{"kind": "model_call", "data": {"messages": "SECRET-CONTENT\n')
+    events.write_bytes(b"".join(lines))
+    code = main([str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--tokenizer",
+                 str(QWEN_TOKENIZER), "--no-progress", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith(f"agentcompact export: error: {events}:3: not a JSON line")
+    assert "Traceback" not in err and "SECRET" not in err and err.count("\n") == 1
+    lines[2] = b'{"kind": "model_call", "data": {"episode_id": "e0", "messages": 7}}\n'
+    events.write_bytes(b"".join(lines))
+    code = main([str(tmp_path / "run"), "--out", str(tmp_path / "out2"), "--tokenizer",
+                 str(QWEN_TOKENIZER), "--no-progress", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"{events}:3: malformed model_call event" in err
+    assert "Traceback" not in err

@@ -62,12 +62,17 @@ def test_random_runs_export_valid_rows(specs: list[tuple[int, int | None, bool, 
     assert manifest["counts"]["episodes"] == len(specs)
     for eid, (at, trained) in compactions.items():
         mine = [r for r in rows if r["episode_id"] == eid]
-        assert len(mine) == (1 if at is None else 2)
+        assert len(mine) == (1 if at is None else 3 if trained else 2)
         if at is not None:
             first = mine[0]
             assert first["stop_reason"] == "compacted"
             assert first["compaction_trigger"] == "token_budget"
-            assert (first["summary_span"] != []) == trained == first["summary_trained"]
+            assert first["summary_span"] == [] and not first["summary_trained"]
+            if trained:  # the summary in its own context, right after the segment it ends
+                own = mine[1]
+                assert own["summary_trained"] and own["summary_span"] == [
+                    0, len(own["response_ids"])]
+                assert own["stop_reason"] == "compacted"
         assert mine[-1]["compaction_trigger"] == "none"
     masked = {r["episode_id"] for r in rows if r["mask_episode"]}
     expect = {f"e{n}" for n, s in enumerate(specs) if s[4] in ("context_length", "error")}

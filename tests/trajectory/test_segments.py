@@ -84,23 +84,25 @@ def test_masks_assistant_one_observation_zero_last_token_eos(tok: ChatTokenizer)
     assert seg.sampling["logprobs_mode"] == "none"
 
 
-def test_trained_summary_sits_at_the_end_with_mask_one(tok: ChatTokenizer) -> None:
+def test_a_trained_summary_is_a_segment_in_its_own_context(tok: ChatTokenizer) -> None:
     segs = build_segments(agent_loop("e", 4, compact_at=2, trained_summary=True), tok)
-    first = segs[0]
-    start, end = first.summary_span
-    assert first.summary_trained and end == len(first.response_ids)
-    assert set(first.response_mask[start:end]) == {1}
-    assert tok.hf.decode(first.response_ids[start:end]) == (
-        "Summary: explored 2 files for e.<|im_end|>")
-    request = tok.hf.decode(first.response_ids[:start])
-    assert request.endswith("Summarize the work so far.<|im_end|>\n<|im_start|>assistant\n")
-    assert first.response_mask[start - 1] == 0
+    assert [s.break_reason for s in segs] == ["compaction", "summary", ""]
+    agent, summary = segs[0], segs[1]
+    assert agent.summary_span == [] and not agent.summary_trained
+    assert summary.summary_trained and summary.summary_span == [0, len(summary.response_ids)]
+    assert set(summary.response_mask) == {1} and summary.num_calls == 0
+    assert tok.hf.decode(summary.response_ids) == "Summary: explored 2 files for e.<|im_end|>"
+    # the prompt is the summarizer's exact chat, its system prompt included
+    assert tok.hf.decode(summary.prompt_ids) == (
+        "<|im_start|>system\nSummarize.<|im_end|>\n<|im_start|>user\n"
+        "Summarize the work so far.<|im_end|>\n<|im_start|>assistant\n")
+    assert summary.compaction_trigger == agent.compaction_trigger
 
 
 def test_summary_trained_override(tok: ChatTokenizer) -> None:
     events = agent_loop("e", 4, compact_at=2, trained_summary=True)
     segs = build_segments(events, tok, summary_trained=False)
-    assert segs[0].summary_span == [] and not segs[0].summary_trained
+    assert len(segs) == 2 and not any(s.summary_trained for s in segs)
 
 
 def test_engine_reported_ids_and_logprobs_are_kept(tok: ChatTokenizer) -> None:
@@ -150,16 +152,38 @@ def test_template_that_rewrites_history_starts_new_segments(tok: ChatTokenizer) 
     assert qwen3ish.chat_template_sha256 != tok.chat_template_sha256
 
 
-def test_leading_newlines_break_at_token_level(tok: ChatTokenizer) -> None:
-    """'assistant\\n' + '\\n\\nText' tokenizes as one newline run: an engine would have
-    sampled the newlines separately, so the next prompt is not a token prefix-extension."""
+def test_leading_newlines_do_not_end_a_segment_without_engine_ids(tok: ChatTokenizer) -> None:
+    """'assistant\\n' + '\\n\\nText' tokenizes as one newline run, so the text of the next
+    prompt does not tokenize as a prefix-extension. Without engine ids that is an artefact
+    of tokenizing, not a compaction: the segment goes on, the sampled piece keeps its own
+    ids (as a token-in-token-out agent loop would) and the ids still extend call by call."""
     events = agent_loop("e", 3)
     first: ModelCall = events[0][1]
     first.response[0]["content"] = "\n\nStep 0: listing."
     for _, call in events[1:]:
         call.messages[2] = first.response[0]
-    segs = build_segments(events, tok, verify=True)  # checked up to the newlines sampled
-    assert len(segs) == 2 and segs[0].break_reason == "tokens"
+    segs = build_segments(events, tok, verify=True)
+    assert len(segs) == 1 and segs[0].break_reason == "" and segs[0].num_calls == 3
+    own = tok.encode("\n\nStep 0: listing")  # the piece goes on with its tool call
+    assert segs[0].response_ids[:len(own)] == own and set(segs[0].response_mask[:len(own)]) == {1}
+
+
+def test_engine_ids_that_do_not_extend_end_the_segment_as_a_token_break(
+        tok: ChatTokenizer) -> None:
+    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
+    reply = {"role": "assistant", "content": "ok"}
+    calls = [
+        ModelCall(episode_id="e", dialect="openai_chat", messages=history, response=[reply],
+                  prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5],
+                  response_logprobs=[-0.1, -0.2]),
+        ModelCall(episode_id="e", dialect="openai_chat",
+                  messages=[*history, reply, {"role": "user", "content": "more"}],
+                  response=[reply], prompt_token_ids=[1, 2, 3, 4, 6, 7],
+                  response_token_ids=[8], response_logprobs=[-0.3]),
+    ]
+    segs = build_segments([("model_call", c) for c in calls], tok)
+    assert [s.break_reason for s in segs] == ["tokens", ""]
+    assert segs[0].rollout_logprobs == pytest.approx([-0.1, -0.2])
 
 
 def test_render_matches_apply_chat_template(tok: ChatTokenizer) -> None:
