@@ -809,8 +809,9 @@ def export_runs(
     files = [r for r in runs if not is_event_log(r)]
     with _private_files():
         if not files:
-            return _export_logs(logs, out_dir, tokenizer, options)
-        return _import_and_export(logs, files, out_dir, tokenizer, options, keep_events)
+            return _export_logs(logs, out_dir, tokenizer, options, runner)
+        return _import_and_export(logs, files, out_dir, tokenizer, options, keep_events,
+                                  runner)
 
 
 def _import_and_export(
@@ -820,6 +821,7 @@ def _import_and_export(
     tokenizer: ChatTokenizer | str | os.PathLike[str],
     options: ExportOptions | None,
     keep_events: str | os.PathLike[str] | None,
+    runner: Any,
 ) -> dict[str, Any]:
     from .importers import import_trajectories
 
@@ -829,7 +831,7 @@ def _import_and_export(
         events = folder / "events.jsonl"
         count = import_trajectories(files, events)
         logger.info("converted %d trajectories to %s", count, events)
-        return _export_logs([*logs, events], out_dir, tokenizer, options)
+        return _export_logs([*logs, events], out_dir, tokenizer, options, runner)
 
 
 @contextlib.contextmanager
@@ -847,6 +849,7 @@ def _export_logs(
     out_dir: str | os.PathLike[str],
     tokenizer: ChatTokenizer | str | os.PathLike[str],
     options: ExportOptions | None = None,
+    runner: Any = None,
 ) -> dict[str, Any]:
     opts = options or ExportOptions()
     opts.check()
