@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -16,18 +15,13 @@ from typing import Any
 
 import orjson
 
+from ...redact import redact
+
 __all__ = ["DebugDumper", "ExchangeLog", "ProxyStats", "SessionStats", "redact_headers",
            "redact_json"]
 
 log = logging.getLogger("agentcompact.proxy")
 
-_SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|session|password", re.IGNORECASE)
-_SECRET_FIELD = re.compile(
-    r"^(?:.*[_-])?(?:api[_-]?key|apikey|authorization|token|access[_-]?token|refresh[_-]?token"
-    r"|id[_-]?token|secret|client[_-]?secret|password|cookie)$",
-    re.IGNORECASE,
-)
-REDACTED = "[redacted]"
 
 
 @dataclass
@@ -202,18 +196,16 @@ class ProxyStats:
 
 
 def redact_headers(headers: Any) -> dict[str, str]:
-    """Headers with every credential-looking value replaced."""
-    return {k: (REDACTED if _SECRET_HEADER.search(k) else v) for k, v in headers.items()}
+    """Headers with every credential value replaced (the project's one policy,
+    :mod:`agentcompact.redact`)."""
+    out: dict[str, str] = redact(dict(headers.items()))
+    return out
 
 
 def redact_json(value: Any) -> Any:
-    """A copy of a JSON value with credential-looking fields replaced, recursively."""
-    if isinstance(value, dict):
-        return {k: (REDACTED if isinstance(k, str) and _SECRET_FIELD.match(k) and v
-                    else redact_json(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact_json(v) for v in value]
-    return value
+    """A copy of a JSON value with credential fields replaced, recursively
+    (:func:`agentcompact.redact.redact`: the policy the recorder and logs use too)."""
+    return redact(value)
 
 
 class DebugDumper:

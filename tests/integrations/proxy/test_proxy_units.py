@@ -228,3 +228,13 @@ def test_upstreams_behind_an_environment_proxy_go_through_it_and_are_never_held(
                  "http_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
     assert UpstreamClient(5, 30)._via_proxy("https://api.example.test/v1/messages") is None
+
+
+def test_debug_dumps_redact_with_the_project_policy() -> None:
+    """The ``--debug-dir`` dumps use the recorder's policy: ``private_key``, ``credentials``
+    and ``passwd`` (missed by the proxy's old rule) are redacted too."""
+    body = {"private_key": "k", "credentials": {"user": "u"}, "passwd": "p",
+            "metadata": {"user_id": "me"}, "max_tokens": 5}
+    assert redact_json(body) == {"private_key": "[redacted]", "credentials": "[redacted]",
+                                 "passwd": "[redacted]", "metadata": {"user_id": "me"},
+                                 "max_tokens": 5}
