@@ -10,17 +10,27 @@ The hierarchy::
     ├── TokenizerError         a token counter could not be built (e.g. offline tiktoken)
     ├── CompactionError        a strategy failed (the engine falls back, and reports it)
     │   └── SummarizerError    the summarizer endpoint failed, timed out or overflowed
+    │       └── SummarizerOverflow  the endpoint refused the prompt as over its window
     ├── OverBudgetError        strict mode: the context is still over budget after escalation
     ├── StoreError             a prefix store URL is bad, or an entry cannot be serialized
     ├── TrajectoryError        a trajectory file cannot be read
     │   └── TornLineError      the last line of an event log was cut by a crash
+    ├── ExportError            an RL export cannot be written as asked
+    │   └── SegmentRowError    segment rows break the agentcompact-traj/1 invariants
+    ├── ProxyError             the proxy's hop to the provider failed
+    │   ├── UpstreamError      the upstream could not be reached, or failed before its headers
+    │   └── UpstreamDropped    the upstream connection failed mid-response
     └── ArchiveError           the archive of dropped originals cannot be opened or written,
                                or a handle is unknown
 
-Foreign errors are re-raised as one of these with ``raise X(...) from exc``.
+Foreign errors are re-raised as one of these with ``raise X(...) from exc``. Every public
+exception of the package is defined here (``tests/core/test_exported_members.py`` checks it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "AgentCompactError",
@@ -28,13 +38,19 @@ __all__ = [
     "CompactionError",
     "ConfigError",
     "DialectError",
+    "ExportError",
     "OverBudgetError",
     "PluginError",
+    "ProxyError",
+    "SegmentRowError",
     "StoreError",
     "SummarizerError",
+    "SummarizerOverflow",
     "TokenizerError",
     "TornLineError",
     "TrajectoryError",
+    "UpstreamDropped",
+    "UpstreamError",
     "ValidationError",
 ]
 
@@ -78,6 +94,10 @@ class SummarizerError(CompactionError):
     """The summarizer endpoint failed, timed out, or its window overflowed."""
 
 
+class SummarizerOverflow(SummarizerError):
+    """The summarizer endpoint refused the prompt as longer than its context window."""
+
+
 class OverBudgetError(AgentCompactError):
     """Strict mode: the context is still over the budget after every escalation."""
 
@@ -103,3 +123,35 @@ class TornLineError(TrajectoryError):
 
 class ArchiveError(AgentCompactError):
     """The archive of dropped originals failed, or an expand named an unknown handle."""
+
+
+class ExportError(AgentCompactError, ValueError):
+    """An RL export cannot be written as asked (its own class: catching the engine's
+    tool-pairing ``ValidationError`` never catches an export error)."""
+
+
+class SegmentRowError(ExportError):
+    """Segment rows break the ``agentcompact-traj/1`` invariants.
+
+    ``problems`` lists every ``agentcompact.rl.schema.RowProblem`` found; ``index`` is the
+    first bad row.
+    """
+
+    def __init__(self, problems: Sequence[Any]) -> None:
+        shown = "\n  ".join(str(p) for p in problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        super().__init__(f"{len(problems)} invalid segment row field(s):\n  {shown}{more}")
+        self.index: int | None = problems[0].row if problems else None
+        self.problems = list(problems)
+
+
+class ProxyError(AgentCompactError):
+    """The proxy's hop to the provider failed."""
+
+
+class UpstreamError(ProxyError):
+    """The upstream could not be reached, or failed before its response headers."""
+
+
+class UpstreamDropped(ProxyError):
+    """The upstream connection failed mid-response."""

@@ -44,7 +44,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, SummarizerError
+from .errors import ConfigError, SummarizerError, SummarizerOverflow
 from .events import SummaryCall
 
 if TYPE_CHECKING:
@@ -69,10 +69,6 @@ ENV_TIMEOUT = "AGENTCOMPACT_SUMMARIZER_TIMEOUT"
 ENV_WINDOW = "AGENTCOMPACT_SUMMARIZER_WINDOW"
 
 _RETRY_STATUSES = frozenset({408, 409, 429})
-
-
-class SummarizerOverflow(SummarizerError):
-    """The summarizer endpoint refused the prompt as longer than its context window."""
 
 
 @dataclass(frozen=True)

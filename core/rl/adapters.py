@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from agentcompact.errors import ValidationError
+from agentcompact.errors import ExportError
 from agentcompact.rl.gae import token_rewards
 from agentcompact.rl.loss import effective_mask
 from agentcompact.rl.torch_data import Row, TokenValues, logprobs_known, pad_rows
@@ -50,13 +50,13 @@ def require_logprobs(rows: Sequence[Row], consumer: str) -> None:
     """Refuse rows that have loss tokens but no recorded rollout logprobs (their
     ``rollout_logprobs`` are 0.0 placeholders, ``sampling.logprobs_mode == "none"``).
 
-    :raises ValidationError: naming the first rows and what to do about it.
+    :raises ExportError: naming the first rows and what to do about it.
     """
     missing = [r for r in rows if not logprobs_known(r) and effective_mask(r).any()]
     if missing:
         named = ", ".join(f"episode {r['episode_id']!r} segment {r['segment_index']}"
                           for r in missing[:5])
-        raise ValidationError(
+        raise ExportError(
             f"{consumer}: {len(missing)} row(s) have loss tokens but no rollout logprobs "
             f"(sampling.logprobs_mode 'none'): {named}; record them from the server or run "
             "`agentcompact export --recompute-logprobs MODEL`"
@@ -70,7 +70,7 @@ def _width(rows: Sequence[Row], field: str, limit: int | None) -> int:
     longest = max(len(r[field]) for r in rows)
     if limit is not None and longest > limit:
         bad = next(r for r in rows if len(r[field]) > limit)
-        raise ValidationError(
+        raise ExportError(
             f"episode {bad['episode_id']!r} segment {bad['segment_index']}: {field} has "
             f"{len(bad[field])} tokens > limit {limit} (rows are never truncated)"
         )
@@ -106,11 +106,11 @@ def to_verl(
     :param old_log_probs: ``False`` leaves ``old_log_probs`` / ``rollout_log_probs`` out
         (verl's actor then computes them with ``compute_log_prob``); with ``True`` (default)
         rows without recorded logprobs are refused (:func:`require_logprobs`).
-    :raises ValidationError: no rows, missing logprobs, a row longer than a limit (rows
+    :raises ExportError: no rows, missing logprobs, a row longer than a limit (rows
         are never truncated).
     """
     if not rows:
-        raise ValidationError("to_verl: no rows")
+        raise ExportError("to_verl: no rows")
     if old_log_probs:
         require_logprobs(rows, "to_verl")
     p = _width(rows, "prompt_ids", max_prompt_len)
@@ -209,15 +209,15 @@ def _prompt_messages(row: Row) -> list[dict[str, Any]]:
     where = f"episode {row['episode_id']!r} segment {row['segment_index']}"
     raw = row.get("prompt_json")
     if not raw:
-        raise ValidationError(f"to_verl_parquet: {where} has no prompt_json (export it "
+        raise ExportError(f"to_verl_parquet: {where} has no prompt_json (export it "
                               "without --no-prompts)")
     try:
         messages = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ValidationError(f"to_verl_parquet: {where}: prompt_json is not JSON "
+        raise ExportError(f"to_verl_parquet: {where}: prompt_json is not JSON "
                               f"(line {exc.lineno} column {exc.colno})") from None
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise ValidationError(f"to_verl_parquet: {where}: prompt_json is not a message list")
+        raise ExportError(f"to_verl_parquet: {where}: prompt_json is not a message list")
     return [_message(m) for m in messages]
 
 
@@ -274,7 +274,7 @@ def to_trl_rollout(rows: Sequence[Row]) -> dict[str, list[list[Any]]]:
     everywhere in masked episodes). Maps 1:1 to episodes only when each episode is one row;
     for compacted episodes use :class:`agentcompact.rl.trl.SegmentGRPOTrainer`.
 
-    :raises ValidationError: rows without rollout logprobs.
+    :raises ExportError: rows without rollout logprobs.
     """
     require_logprobs(rows, "to_trl_rollout")
     return {
@@ -310,7 +310,7 @@ def to_skyrl(rows: Sequence[Row]) -> dict[str, Any]:
     ``TrajectoryID(**d)``); ``is_last_step`` marks each episode's last segment, whose
     advantage SkyRL broadcasts to the earlier steps.
 
-    :raises ValidationError: rows without rollout logprobs.
+    :raises ExportError: rows without rollout logprobs.
     """
     require_logprobs(rows, "to_skyrl")
     return {

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from agentcompact.errors import ConfigError, ValidationError
+from agentcompact.errors import ConfigError, ExportError
 
 __all__ = [
     "ESTIMATORS",
@@ -40,17 +40,17 @@ ESTIMATORS: tuple[str, ...] = ("grpo", "drgrpo", "rloo")
 def episode_rewards(episodes: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
     """Group → {episode_id: reward}, one entry per episode, in first-seen order.
 
-    Raises :class:`ValidationError` if one episode carries two rewards or two groups.
+    Raises :class:`ExportError` if one episode carries two rewards or two groups.
     """
     groups: dict[str, dict[str, float]] = {}
     group_of: dict[str, str] = {}
     for ep in episodes:
         eid, gid, reward = str(ep["episode_id"]), str(ep["group_id"]), float(ep["episode_reward"])
         if group_of.setdefault(eid, gid) != gid:
-            raise ValidationError(f"episode {eid!r}: in groups {group_of[eid]!r} and {gid!r}")
+            raise ExportError(f"episode {eid!r}: in groups {group_of[eid]!r} and {gid!r}")
         known = groups.setdefault(gid, {}).setdefault(eid, reward)
         if known != reward:
-            raise ValidationError(f"episode {eid!r}: episode_reward {reward} != {known}")
+            raise ExportError(f"episode {eid!r}: episode_reward {reward} != {known}")
     return groups
 
 
@@ -106,16 +106,16 @@ def broadcast_to_segments(
 
     Every mask-1 token of every segment of episode ``e`` gets the same ``Â_e``.
     ``arrays=True`` leaves ``advantages`` a float32 NumPy array instead of a list.
-    :raises ValidationError: if a row's episode has no advantage in ``episode_adv``.
+    :raises ExportError: if a row's episode has no advantage in ``episode_adv``.
     """
     out = []
     for row in rows:
         eid = str(row["episode_id"])
         if eid not in episode_adv:
-            raise ValidationError(f"episode {eid!r}: no advantage computed for it")
+            raise ExportError(f"episode {eid!r}: no advantage computed for it")
         scale = 0.0 if row.get("mask_episode") else episode_adv[eid]
         if not math.isfinite(scale):
-            raise ValidationError(f"episode {eid!r}: advantage {scale} is not finite")
+            raise ExportError(f"episode {eid!r}: advantage {scale} is not finite")
         mask = np.asarray(row["response_mask"])
         new = dict(row)
         adv = np.where(mask == 1, np.float32(scale), np.float32(0.0))

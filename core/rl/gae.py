@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from agentcompact.errors import ValidationError
+from agentcompact.errors import ExportError
 from agentcompact.rl.schema import episodes_of
 
 __all__ = [
@@ -104,7 +104,7 @@ def masked_whiten(
     keep = [np.asarray(m) == 1 for m in masks]
     chosen = np.concatenate([a[k] for a, k in zip(arrays, keep, strict=True)] or [np.zeros(0)])
     if chosen.size < 2:
-        raise ValidationError(f"whitening needs at least 2 mask-1 tokens, got {chosen.size}")
+        raise ExportError(f"whitening needs at least 2 mask-1 tokens, got {chosen.size}")
     mean, var = chosen.mean(), chosen.var(ddof=1)
     scale = 1.0 / np.sqrt(var + 1e-8)
     out = []
@@ -148,7 +148,7 @@ def assign_gae(
     Rows of an episode must be in segment order. Masked episodes get zero advantages.
     """
     if len(values) != len(rows):
-        raise ValidationError(f"{len(values)} value arrays for {len(rows)} rows")
+        raise ExportError(f"{len(values)} value arrays for {len(rows)} rows")
     adv: list[FloatArray] = [np.zeros(0)] * len(rows)
     ret: list[FloatArray] = [np.zeros(0)] * len(rows)
     for positions in episodes_of(rows).values():
@@ -176,7 +176,7 @@ def _as_arrays(
     v = np.asarray(values, dtype=np.float64)
     m = np.asarray(mask, dtype=np.int64)
     if not r.shape == v.shape == m.shape or r.ndim != 1:
-        raise ValidationError(
+        raise ExportError(
             f"rewards/values/mask must be 1-D of one length, got {r.shape}, {v.shape}, {m.shape}"
         )
     return r, v, m

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from agentcompact.errors import ValidationError
+from agentcompact.errors import ExportError
 
 __all__ = [
     "DEFAULT_TOKEN_CHUNK",
@@ -53,7 +53,7 @@ def response_positions(
     """
     rows, positions = (batch[mask_key] > 0).nonzero(as_tuple=True)
     if positions.numel() and int(positions.min()) == 0:
-        raise ValidationError("a loss token at position 0 has no logit predicting it")
+        raise ExportError("a loss token at position 0 has no logit predicting it")
     return rows, positions
 
 

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from agentcompact.errors import ConfigError, ValidationError
+from agentcompact.errors import ConfigError, ExportError
 
 __all__ = [
     "LOSS_MODES",
@@ -104,7 +104,7 @@ def token_weights(
 def _row_weights(loss_weights: Sequence[float] | FloatArray | None, rows: int) -> FloatArray:
     w = np.ones(rows) if loss_weights is None else np.asarray(loss_weights, dtype=np.float64)
     if len(w) != rows:
-        raise ValidationError(f"{len(w)} loss weights for {rows} rows")
+        raise ExportError(f"{len(w)} loss weights for {rows} rows")
     return w
 
 
@@ -133,7 +133,7 @@ def denominator(
         return float(len(m) * width)
     if mode == "episode-mean-token-mean":
         if episode_ids is None or len(episode_ids) != len(m):
-            raise ValidationError("episode-mean-token-mean needs one episode id per row")
+            raise ExportError("episode-mean-token-mean needs one episode id per row")
         weight_of: dict[str, float] = {}
         count: dict[str, float] = {}
         for eid, ni, wi in zip(episode_ids, n, w, strict=True):
@@ -161,13 +161,13 @@ def _episode_weights(
     denominator: float,
 ) -> list[FloatArray]:
     if episode_ids is None or len(episode_ids) != len(m):
-        raise ValidationError("episode-mean-token-mean needs one episode id per row")
+        raise ExportError("episode-mean-token-mean needs one episode id per row")
     in_batch: dict[str, float] = {}
     weight_of: dict[str, float] = {}
     for eid, ni, wi in zip(episode_ids, n, w, strict=True):
         in_batch[eid] = in_batch.get(eid, 0.0) + float(ni)
         if weight_of.setdefault(eid, float(wi)) != wi:
-            raise ValidationError(f"episode {eid!r}: rows have different loss weights")
+            raise ExportError(f"episode {eid!r}: rows have different loss weights")
     n_e = np.array([in_batch[e] for e in episode_ids]) if episode_num_loss_tokens is None \
         else np.asarray(episode_num_loss_tokens, dtype=np.float64)
     return _scaled(m, w, np.maximum(n_e, 1.0), float(denominator))
@@ -206,6 +206,6 @@ def aggregate(losses: Sequence[ArrayLike], weights: Sequence[ArrayLike]) -> floa
     for loss, weight in zip(losses, weights, strict=True):
         ell, wt = np.asarray(loss, dtype=np.float64), np.asarray(weight, dtype=np.float64)
         if ell.shape != wt.shape:
-            raise ValidationError(f"loss shape {ell.shape} != weight shape {wt.shape}")
+            raise ExportError(f"loss shape {ell.shape} != weight shape {wt.shape}")
         total += float((ell * wt).sum())
     return total

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 
-from agentcompact.errors import ConfigError, ValidationError
+from agentcompact.errors import ConfigError, ExportError
 from agentcompact.rl.logprobs import (
     DEFAULT_TOKEN_CHUNK,
     DEFAULT_VOCAB_CHUNK,
@@ -85,14 +85,14 @@ def surrogate(
 
 
 def require_rollout_logprobs(batch: Mapping[str, Any]) -> None:
-    """Raise ``ValidationError`` naming every row with loss tokens but no rollout logprobs."""
+    """Raise ``ExportError`` naming every row with loss tokens but no rollout logprobs."""
     known = batch["logprobs_known"].cpu()
     has_loss = (batch["loss_mask"].cpu() > 0).any(dim=1)
     missing = (has_loss & ~known).nonzero().flatten().tolist()
     if missing:
         labels = batch.get("row_labels") or [f"row {b}" for b in range(len(known))]
         named = ", ".join(labels[b] for b in missing[:5])
-        raise ValidationError(
+        raise ExportError(
             f"{len(missing)} row(s) have loss tokens but no rollout logprobs "
             f"(sampling.logprobs_mode 'none'): {named}; record them from the server, run "
             "`agentcompact export --recompute-logprobs MODEL`, or use old_logprobs='detached' "
@@ -229,7 +229,7 @@ def collate_step(
     if micro_batch_size < 1:
         raise ConfigError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if not rows:
-        raise ValidationError("collate_step: no rows")
+        raise ExportError("collate_step: no rows")
     width = max_len if max_len is not None else max(len(r["response_ids"]) for r in rows)
     norm = step_normalizer(rows, mode, max_len=width)
     return [collate(rows[a:a + micro_batch_size], pad_token_id, mode, max_len=width,

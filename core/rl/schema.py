@@ -10,7 +10,7 @@ mask is 0) and the optional ``returns`` (GAE). This module owns:
 * ``rows_to_table`` / ``table_to_rows`` and JSONL/Parquet readers and writers whose round trip
   is bit-exact (float fields are float32 in Arrow; :func:`to_float32` makes Python rows agree).
 
-Row problems raise :class:`SegmentRowError` (a :class:`agentcompact.errors.ValidationError`).
+Row problems raise :class:`SegmentRowError` (an :class:`agentcompact.errors.ExportError`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from agentcompact.errors import TrajectoryError, ValidationError
+from agentcompact.errors import ExportError, SegmentRowError, TrajectoryError
 
 __all__ = [
     "COMPACTION_TRIGGERS",
@@ -163,20 +163,6 @@ class RowProblem:
             f"row {self.row} (episode {self.episode_id!r}, segment {self.segment_index}), "
             f"field {self.field!r}: {self.message}"
         )
-
-
-class SegmentRowError(ValidationError):
-    """Segment rows break the ``agentcompact-traj/1`` invariants.
-
-    ``problems`` lists every :class:`RowProblem` found; ``index`` is the first bad row.
-    """
-
-    def __init__(self, problems: Sequence[RowProblem]) -> None:
-        shown = "\n  ".join(str(p) for p in problems[:20])
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        super().__init__(f"{len(problems)} invalid segment row field(s):\n  {shown}{more}",
-                         index=problems[0].row if problems else None)
-        self.problems = list(problems)
 
 
 class _Collector:
@@ -452,7 +438,7 @@ def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
             columns.append(pa.array(values, type=f.type) if column is None else column)
         return pa.Table.from_arrays(columns, schema=SEGMENT_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise ValidationError(f"rows do not fit SEGMENT_SCHEMA: {exc}") from exc
+        raise ExportError(f"rows do not fit SEGMENT_SCHEMA: {exc}") from exc
 
 
 _NUMPY_TYPES = {pa.int8(): np.int8, pa.int32(): np.int32, pa.float32(): np.float32}

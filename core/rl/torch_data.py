@@ -28,7 +28,7 @@ import torch
 from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
-from agentcompact.errors import ValidationError
+from agentcompact.errors import ExportError
 from agentcompact.rl.loss import effective_mask, token_weights, weights_for_rows
 from agentcompact.rl.schema import read_rows, validate_rows
 
@@ -96,10 +96,10 @@ def collate(
         ``"episode E segment K"`` strings for error messages).
     """
     if not batch:
-        raise ValidationError("collate: empty batch")
+        raise ExportError("collate: empty batch")
     starts = [len(r["prompt_ids"]) for r in batch]
     if min(starts) == 0:  # token 0 has no logit predicting it
-        raise ValidationError(f"collate: row {starts.index(0)} has an empty prompt")
+        raise ExportError(f"collate: row {starts.index(0)} has an empty prompt")
     width = max(s + len(r["response_ids"]) for s, r in zip(starts, batch, strict=True))
     ids = [list(r["prompt_ids"]) + list(r["response_ids"]) for r in batch]
     zeros = [0] * len(batch)

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from trl.trainer.grpo_trainer import GRPOTrainer
 
-from agentcompact.errors import ConfigError, ValidationError
+from agentcompact.errors import ConfigError, ExportError
 from agentcompact.rl.adapters import require_logprobs
 from agentcompact.rl.loss import effective_mask
 from agentcompact.rl.torch_data import Row, pad_rows
@@ -51,7 +51,7 @@ def to_trl_episodes(rows: Sequence[Row], prompt_index: Sequence[int] | None = No
 
     :param prompt_index: the prompt (group member) of each row; default: one member per
         episode, numbered in row order.
-    :raises ValidationError: rows without rollout logprobs.
+    :raises ExportError: rows without rollout logprobs.
     """
     require_logprobs(rows, "to_trl_episodes")
     if prompt_index is None:
@@ -75,7 +75,7 @@ def trl_batch(output: dict[str, list[Any]], pad_token_id: int,
     ``tool_mask`` (the loss mask), ``[B, T]`` ``advantages``, ``old_per_token_logps``."""
     prompts, completions = output["prompt_ids"], output["completion_ids"]
     if not prompts:
-        raise ValidationError("trl_batch: no rows")
+        raise ExportError("trl_batch: no rows")
     p = max(len(x) for x in prompts)
     r = max(len(x) for x in completions)
     left = [p - len(x) for x in prompts]
@@ -111,7 +111,7 @@ class SegmentGRPOTrainer(GRPOTrainer):
         output = self.rollout_func(prompts, self)
         members = sorted(set(output.get("prompt_index", [])))
         if members != list(range(len(prompts))):
-            raise ValidationError(f"rollout_func: rows cover prompts {members[:8]}, expected "
+            raise ExportError(f"rollout_func: rows cover prompts {members[:8]}, expected "
                                   f"each of 0..{len(prompts) - 1} (one episode per prompt)")
         training = bool(getattr(self.model, "training", True))
         steps = int(getattr(self.args, "steps_per_generation", 1)) if training else 1

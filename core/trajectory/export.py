@@ -45,7 +45,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import ConfigError, TrajectoryError, ValidationError
+from ..errors import ConfigError, ExportError, TrajectoryError
 from ..events import CompactionEvent, ModelCall, SummaryCall
 from ..rl.advantages import (
     broadcast_to_segments,
@@ -996,7 +996,7 @@ def validate_export(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     token counts must match the manifest; every episode row must agree with its segments.
 
     :raises SegmentRowError: a row breaks an invariant (names row, episode, field).
-    :raises ValidationError: the files disagree with the manifest or with each other.
+    :raises ExportError: the files disagree with the manifest or with each other.
     """
     from ..rl.schema import validate_rows
 
@@ -1004,20 +1004,20 @@ def validate_export(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         manifest = json.loads((out / "manifest.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValidationError(f"{out}/manifest.json: unreadable: {exc}") from exc
+        raise ExportError(f"{out}/manifest.json: unreadable: {exc}") from exc
     tok = manifest["tokenizer"]
     seen_groups: set[str] = set()
     episodes: dict[str, tuple[int, float, str]] = {}
     n_rows = n_loss = 0
     for entry, rows in zip(manifest["files"]["segments"], iter_export_rows(out), strict=True):
         if len(rows) != entry["rows"]:
-            raise ValidationError(f"{entry['path']}: {len(rows)} rows, manifest says "
+            raise ExportError(f"{entry['path']}: {len(rows)} rows, manifest says "
                                   f"{entry['rows']}")
         validate_rows(rows, tokenizer_sha256=tok["tokenizer_sha256"],
                       chat_template_sha256=tok["chat_template_sha256"])
         groups = {r["group_id"] for r in rows}
         if groups & seen_groups:
-            raise ValidationError(f"{entry['path']}: groups {sorted(groups & seen_groups)[:3]} "
+            raise ExportError(f"{entry['path']}: groups {sorted(groups & seen_groups)[:3]} "
                                   "also appear in an earlier shard")
         seen_groups |= groups
         for r in rows:
@@ -1033,7 +1033,7 @@ def _check_counts(manifest: Mapping[str, Any], rows: int, episodes: int, loss: i
     counts = manifest["counts"]
     for name, found in (("segments", rows), ("episodes", episodes), ("loss_tokens", loss)):
         if counts[name] != found:
-            raise ValidationError(f"manifest counts {counts[name]} {name}, files hold {found}")
+            raise ExportError(f"manifest counts {counts[name]} {name}, files hold {found}")
 
 
 def _check_episode_table(path: Path, episodes: Mapping[str, tuple[int, float, str]]) -> None:
@@ -1042,10 +1042,10 @@ def _check_episode_table(path: Path, episodes: Mapping[str, tuple[int, float, st
     else:
         table = [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
     if len(table) != len(episodes):
-        raise ValidationError(f"{path}: {len(table)} episode rows for {len(episodes)} episodes")
+        raise ExportError(f"{path}: {len(table)} episode rows for {len(episodes)} episodes")
     for row in table:
         want = episodes.get(row["episode_id"])
         got = (row["num_segments"], row["episode_reward"], row["group_id"])
         if want != got:
-            raise ValidationError(f"{path}: episode {row['episode_id']!r} has (num_segments, "
+            raise ExportError(f"{path}: episode {row['episode_id']!r} has (num_segments, "
                                   f"reward, group) {got}, its segments say {want}")

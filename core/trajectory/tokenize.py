@@ -30,7 +30,6 @@ from ..errors import TokenizerError
 
 __all__ = [
     "ChatTokenizer",
-    "PrefixBreak",
     "TokenStream",
     "extend_chat",
     "tail_text",
@@ -39,7 +38,7 @@ __all__ = [
 ]
 
 
-class PrefixBreak(Exception):
+class PrefixBreak(Exception):  # internal signal between tokenize and segments, not API
     """The next context is not a token-level prefix-extension: start a new segment."""
 
     def __init__(self, reason: str) -> None:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from agentcompact.errors import ValidationError
+from agentcompact.errors import ExportError
 from agentcompact.rl.adapters import (
     to_skyrl,
     to_trl_rollout,
@@ -93,7 +93,7 @@ def test_row_level_grpo_on_rm_scores_is_wrong_so_advantages_are_shipped() -> Non
 
 def test_to_verl_limits_raise_instead_of_truncating() -> None:
     rows = group_rows()
-    with pytest.raises(ValidationError, match="response_ids"):
+    with pytest.raises(ExportError, match="response_ids"):
         to_verl(rows, pad_token_id=PAD, max_response_len=2)
     padded = to_verl(rows, pad_token_id=PAD, max_prompt_len=8, max_response_len=6)
     assert padded["input_ids"].shape == (5, 14)
@@ -131,7 +131,7 @@ def test_to_verl_parquet_loads_with_pyarrow_and_datasets(tmp_path: Path) -> None
     assert first["uid"] == "g0" and first["extra_info"]["episode_id"] == "E1"
     assert first["response_ids"] == rows[0]["response_ids"]
     assert ds[4]["response_mask"] == [0, 0, 0]  # masked episode
-    with pytest.raises(ValidationError, match="segment 0 has no prompt_json"):
+    with pytest.raises(ExportError, match="segment 0 has no prompt_json"):
         to_verl_parquet(group_rows(), tmp_path / "no.parquet")
 
 

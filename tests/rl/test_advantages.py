@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from agentcompact.errors import ConfigError, ValidationError
+from agentcompact.errors import ConfigError, ExportError
 from agentcompact.rl.advantages import (
     assign_advantages,
     broadcast_to_segments,
@@ -128,10 +128,10 @@ def test_broadcast_does_not_mutate_input_and_writes_float32() -> None:
 
 def test_errors() -> None:
     rows = example3_rows()
-    with pytest.raises(ValidationError, match="E1"):
+    with pytest.raises(ExportError, match="E1"):
         broadcast_to_segments(rows, {"E2": 1.0})
     bad = [dict(rows[0], episode_reward=0.5)] + rows[1:]
-    with pytest.raises(ValidationError, match="episode_reward"):
+    with pytest.raises(ExportError, match="episode_reward"):
         grpo_advantages(bad)
     with pytest.raises(ConfigError, match="ppo"):
         assign_advantages(rows, estimator="ppo")  # type: ignore[arg-type]  # deliberate

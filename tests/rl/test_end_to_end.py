@@ -72,13 +72,13 @@ def _export(tmp_path: Path, *extra: str) -> list[dict[str, Any]]:
 
 
 def test_export_without_logprobs_is_refused_by_the_loss(tmp_path: Path) -> None:
-    from agentcompact.errors import ValidationError
+    from agentcompact.errors import ExportError
 
     rows = _export(tmp_path)
     assert all(r["sampling"]["logprobs_mode"] == "none" for r in rows)
     batch = collate(rows, pad_token_id=0)
     hidden = torch.zeros(*batch["input_ids"].shape, 4)
-    with pytest.raises(ValidationError, match="no rollout logprobs"):
+    with pytest.raises(ExportError, match="no rollout logprobs"):
         policy_loss_from_hidden(hidden, torch.zeros(10, 4), batch)
 
 

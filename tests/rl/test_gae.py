@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcompact.errors import ValidationError
+from agentcompact.errors import ExportError
 from agentcompact.rl.gae import (
     assign_gae,
     chain_gae,
@@ -110,7 +110,7 @@ def test_masked_whiten() -> None:
     assert out[1] == pytest.approx([(4 - mean) / sd], rel=1e-6)
     unshifted = masked_whiten(adv, [[1, 0, 1], [1]], shift_mean=False)
     assert unshifted[1][0] == pytest.approx((4 - mean) / sd + mean, rel=1e-6)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ExportError):
         masked_whiten([np.array([1.0])], [[1]])
 
 
@@ -141,5 +141,5 @@ def test_assign_gae_zeroes_mask0_and_masked_episodes_and_whitens() -> None:
                                                strict=True) if m]
     assert statistics.mean(kept) == pytest.approx(0.0, abs=1e-6)
     assert statistics.stdev(kept) == pytest.approx(1.0, abs=1e-4)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ExportError):
         assign_gae(rows, values[:2])

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcompact.errors import ConfigError, ValidationError
+from agentcompact.errors import ConfigError, ExportError
 from agentcompact.rl.loss import LOSS_MODES, aggregate, token_weights, weights_for_rows
 
 from .rowkit import make_episode
@@ -89,9 +89,9 @@ def test_loss_weight_zero_drops_a_row_in_every_normalised_mode() -> None:
 def test_errors_and_empty() -> None:
     with pytest.raises(ConfigError, match="mean-of-means"):
         token_weights([[1]], "mean-of-means")
-    with pytest.raises(ValidationError):
+    with pytest.raises(ExportError):
         token_weights([[1], [1]], "episode-mean-token-mean")
-    with pytest.raises(ValidationError, match="loss weights"):
+    with pytest.raises(ExportError, match="loss weights"):
         token_weights([[1], [1]], "episode-mean-token-mean", episode_ids=["a", "a"],
                       loss_weights=[1.0, 2.0])
     for mode in LOSS_MODES:

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("pyarrow")
 
-from agentcompact.errors import ValidationError  # noqa: E402
+from agentcompact.errors import ExportError  # noqa: E402
 from agentcompact.rl.logprobs import (  # noqa: E402
     chosen_logprobs,
     chosen_logprobs_from_logits,
@@ -87,7 +87,7 @@ def test_a_row_without_rollout_logprobs_is_refused_by_name() -> None:
     rows[1]["sampling"] = dict(rows[1]["sampling"], logprobs_mode="none")
     batch = collate(rows, PAD)
     logits = torch.randn(*batch["input_ids"].shape, V)
-    with pytest.raises(ValidationError, match="episode 'a' segment 1.*recompute-logprobs"):
+    with pytest.raises(ExportError, match="episode 'a' segment 1.*recompute-logprobs"):
         policy_loss(logits, batch)
     assert torch.isfinite(policy_loss(logits, batch, old_logprobs="detached"))
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from agentcompact.errors import TrajectoryError, ValidationError
+from agentcompact.errors import ExportError, TrajectoryError
 from agentcompact.rl.schema import (
     EPISODE_SCHEMA,
     SCHEMA_VERSION,
@@ -108,7 +108,7 @@ def test_each_invariant_is_enforced_and_named(name: str) -> None:
     rows = mutate(good_rows())
     with pytest.raises(SegmentRowError) as info:
         validate_rows(rows)
-    assert isinstance(info.value, ValidationError)
+    assert isinstance(info.value, ExportError)
     hits = [p for p in info.value.problems if p.field == field and p.episode_id == episode]
     assert hits, info.value.problems
     assert field in str(info.value) and episode in str(info.value)
@@ -169,7 +169,7 @@ def test_file_errors_name_the_file_and_line(tmp_path) -> None:
         read_jsonl(path)
     with pytest.raises(TrajectoryError, match="unknown"):
         read_rows(tmp_path / "x.csv")
-    with pytest.raises(ValidationError, match="SEGMENT_SCHEMA"):
+    with pytest.raises(ExportError, match="SEGMENT_SCHEMA"):
         rows_to_table([make_row(prompt_ids="oops")])
 
 
@@ -202,7 +202,7 @@ def test_rows_of_numpy_arrays_give_the_same_table() -> None:
 def test_array_rows_that_do_not_fit_are_rejected() -> None:
     rows = [_as_arrays(r) for r in to_float32(good_rows())]
     rows[1]["response_ids"] = rows[1]["response_ids"].astype(np.int64) + 2**40
-    with pytest.raises(ValidationError, match="do not fit SEGMENT_SCHEMA"):
+    with pytest.raises(ExportError, match="do not fit SEGMENT_SCHEMA"):
         rows_to_table(rows)
 
 

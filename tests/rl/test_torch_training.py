@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentcompact.errors import ValidationError
+from agentcompact.errors import ExportError
 from agentcompact.rl.advantages import assign_advantages
 from agentcompact.rl.ppo import policy_loss
 from agentcompact.rl.schema import to_float32, validate_rows, write_parquet
@@ -45,7 +45,7 @@ def test_collate_layout_by_hand() -> None:
     seq = collate([a, b], pad_token_id=PAD, mode="seq-mean-token-mean")["token_weights"]
     assert seq.tolist() == [[0, 0, 0.25, 0, 0.25], [0, 0.5, 0, 0, 0]]
     assert torch.equal(batch_token_weights(out, "seq-mean-token-mean"), seq)
-    with pytest.raises(ValidationError, match="empty prompt"):
+    with pytest.raises(ExportError, match="empty prompt"):
         collate([dict(a, prompt_ids=[])], pad_token_id=PAD)
 
 
@@ -87,7 +87,7 @@ def test_dataset_from_rows_and_parquet(tmp_path: Path) -> None:
     from_file = SegmentDataset(tmp_path / "seg.parquet")
     assert len(from_file) == 2 and from_file[1]["response_mask"] == [1, 1]
     assert SegmentDataset(rows)[0]["episode_id"] == "e"
-    with pytest.raises(ValidationError):
+    with pytest.raises(ExportError):
         SegmentDataset([dict(rows[0], segment_index=5)])
     loader = torch.utils.data.DataLoader(
         from_file, batch_size=2, collate_fn=lambda b: collate(b, pad_token_id=PAD))

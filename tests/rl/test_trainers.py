@@ -94,11 +94,11 @@ def test_verl_policy_loss_on_our_rows_agrees_with_ours_dual_clip_included() -> N
 
 
 def test_verl_refuses_rows_without_logprobs_unless_asked_to_recompute() -> None:
-    from agentcompact.errors import ValidationError
+    from agentcompact.errors import ExportError
 
     rows = group_rows()
     rows[2] = dict(rows[2], sampling=dict(rows[2]["sampling"], logprobs_mode="none"))
-    with pytest.raises(ValidationError, match="episode 'E1' segment 2"):
+    with pytest.raises(ExportError, match="episode 'E1' segment 2"):
         to_verl(rows, pad_token_id=PAD)
     assert "old_log_probs" not in to_verl(rows, pad_token_id=PAD, old_log_probs=False)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from agentcompact.errors import ConfigError, ValidationError
+from agentcompact.errors import ConfigError, ExportError
 from agentcompact.events import EpisodeEnd
 from agentcompact.rl.schema import SegmentRowError, read_rows, write_parquet
 from agentcompact.trajectory.export import (
@@ -144,7 +144,7 @@ def test_validator_names_a_broken_row(tau_export: Path, tmp_path: Path) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest))
     (out / "segments-00000.parquet").write_bytes(
         (tau_export / "segments-00000.parquet").read_bytes())
-    with pytest.raises(ValidationError, match="manifest counts 201 segments"):
+    with pytest.raises(ExportError, match="manifest counts 201 segments"):
         validate_export(out)
 
 
