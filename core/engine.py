@@ -42,7 +42,7 @@ import xxhash
 
 from .budget import Budget
 from .dialects.base import Dialect, json_text
-from .errors import AgentCompactError, ConfigError, OverBudgetError, PluginError
+from .errors import AgentCompactError, ConfigError, DialectError, OverBudgetError, PluginError
 from .events import CompactionEvent, DroppedItem, new_id
 from .markers import COMPACTION_HEADER
 from .pluginmanager import get_plugin_manager, registry
@@ -426,12 +426,12 @@ class Engine:
         carries besides the messages (system prompt, tool schemas): the budget covers both,
         and the result's token figures include it.
         """
-        return self._drive(self._pipeline(messages, force, fixed_tokens))
+        return self._drive(messages, self._pipeline(messages, force, fixed_tokens))
 
     async def acompact(self, messages: Sequence[Any], *, force: bool = False,
                        fixed_tokens: int = 0) -> CompactionResult:
         """``compact`` for async code: awaits strategies that define ``acompact``."""
-        return await self._adrive(self._pipeline(messages, force, fixed_tokens))
+        return await self._adrive(messages, self._pipeline(messages, force, fixed_tokens))
 
     def compact_request(self, body: dict[str, Any], *, force: bool = False
                         ) -> tuple[dict[str, Any], CompactionResult]:
@@ -514,11 +514,11 @@ class Engine:
         store: the next ``compact`` of a history extending ``messages`` substitutes it
         (background compaction, see ``agentcompact.background``). Reason ``"background"``.
         """
-        return self._drive(self._precompact_pipeline(messages))
+        return self._drive(messages, self._precompact_pipeline(messages))
 
     async def aprecompact(self, messages: Sequence[Any]) -> CompactionResult:
         """``precompact`` for async code (awaits strategies that define ``acompact``)."""
-        return await self._adrive(self._precompact_pipeline(messages))
+        return await self._adrive(messages, self._precompact_pipeline(messages))
 
     def _precompact_pipeline(self, messages: Sequence[Any]) -> _Pipeline:
         if not isinstance(messages, (list, tuple)):
@@ -538,22 +538,30 @@ class Engine:
     # ``_finish`` runs outside the ``except StopIteration``: an error it raises (strict
     # mode, a raising ``on_compaction`` plugin) must not chain the StopIteration, whose
     # value holds the whole history.
-    def _drive(self, gen: _Pipeline) -> CompactionResult:
+    # A DialectError names the message it is about by index and type (found again on
+    # this error path only, so the hot path pays nothing for it).
+    def _drive(self, messages: Sequence[Any], gen: _Pipeline) -> CompactionResult:
         try:
             step = next(gen)
             while True:
                 step = gen.send(self._render_sync(*step))
         except StopIteration as stop:
             outcome: _Outcome = stop.value
+        except DialectError:
+            self._name_bad_message(messages)
+            raise
         return self._finish(outcome)
 
-    async def _adrive(self, gen: _Pipeline) -> CompactionResult:
+    async def _adrive(self, messages: Sequence[Any], gen: _Pipeline) -> CompactionResult:
         try:
             step = next(gen)
             while True:
                 step = gen.send(await self._render_async(*step))
         except StopIteration as stop:
             outcome: _Outcome = stop.value
+        except DialectError:
+            self._name_bad_message(messages)
+            raise
         return self._finish(outcome)
 
     # --- rendering: one rung of the fallback chain ----------------------------------
@@ -942,6 +950,17 @@ class Engine:
         )
 
     # --- measuring and lookup ---------------------------------------------------------
+    def _name_bad_message(self, msgs: Sequence[Any]) -> None:
+        """On the error path only: raise the dialect's error again naming the index and
+        type of the first message it cannot read (never its content)."""
+        dialect = self.dialect
+        for i, message in enumerate(msgs):
+            try:
+                dialect.role(message)
+                dialect.parts(message)
+            except DialectError as exc:
+                raise DialectError(f"message {i} ({type(message).__name__}): {exc}") from None
+
     def _view(self, messages: Sequence[Any]) -> _View:
         msgs = list(messages)
         with self._lock:

@@ -168,7 +168,10 @@ class LangChainDialect(Dialect):
     name: ClassVar[str] = "langchain"
 
     def role(self, message: Any) -> str:
-        kind = getattr(message, "type", "")
+        if not isinstance(message, BaseMessage):
+            raise DialectError(f"langchain: a message is {type(message).__name__}, "
+                               "not a BaseMessage")
+        kind = message.type
         role = _ROLE_BY_TYPE.get(kind)
         if role is not None:
             return role

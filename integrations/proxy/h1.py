@@ -34,6 +34,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from ...errors import UpstreamDropped, UpstreamError
+
 __all__ = ["H1Client", "H1Response", "Held", "Origin", "UpstreamDropped", "UpstreamError"]
 
 #: unread answer bytes above which the connection stops reading (until the relay drains)
@@ -42,13 +44,6 @@ _HIGH_WATER = 1 << 20
 _JOINING_WRITELINES = asyncio.WriteTransport.writelines
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 
-
-class UpstreamError(Exception):
-    """The upstream could not be reached, or failed before its response headers."""
-
-
-class UpstreamDropped(Exception):
-    """The upstream connection failed mid-response."""
 
 
 class AnswerFailed(UpstreamDropped):

@@ -24,6 +24,7 @@ from agentcompact import (
 )
 from agentcompact.budget import DEFAULT_TARGET_SHARE
 from agentcompact.dialects import OpenAIChatDialect
+from agentcompact.errors import DialectError
 from agentcompact.strategies.base import CompactionRequest, Rendered
 from agentcompact.turns import thinking_loop_error
 
@@ -433,3 +434,17 @@ def test_deeply_nested_tool_input_is_rendered_by_cliff_not_the_safe_rung() -> No
     result = Engine(dialect="anthropic", trigger_tokens=8000).compact(msgs)
     assert result.compacted
     assert result.event is not None and result.event.fallback is None, result.event.error
+
+
+@pytest.mark.parametrize("bad", [7, None, "a string", ["a", "list"]])
+def test_a_non_message_is_named_by_index_and_type_never_content(bad: Any) -> None:
+    msgs: list[Any] = []
+    for _ in range(12):
+        msgs += [{"role": "user", "content": "hi " * 40},
+                 {"role": "assistant", "content": "ok " * 40}]
+    msgs.insert(5, bad)
+    with pytest.raises(DialectError) as info:
+        Engine(dialect="openai_chat", trigger_tokens=300).compact(msgs)
+    text = str(info.value)
+    assert text.startswith(f"message 5 ({type(bad).__name__})"), text
+    assert "a string" not in text and "hi hi" not in text

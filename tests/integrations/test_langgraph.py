@@ -479,3 +479,21 @@ def test_options_and_messages_are_checked() -> None:
         node.invoke({"messages": [HumanMessage("a"), "b"]})
     with pytest.raises(DialectError, match=r"message 0 is dict"):
         node.wrap(RunnableLambda(lambda x: x)).invoke([{"role": "user", "content": "a"}])
+
+
+@pytest.mark.parametrize("bad", [42, {"role": "user", "content": "secret"}])
+def test_engine_names_a_non_message_in_a_langchain_history(bad: Any) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from agentcompact import Engine
+    from agentcompact.errors import DialectError
+    from agentcompact.integrations.langgraph import LangChainDialect
+
+    msgs: list[Any] = []
+    for _ in range(12):
+        msgs += [HumanMessage("hi " * 40), AIMessage("ok " * 40)]
+    msgs.insert(5, bad)
+    with pytest.raises(DialectError, match=rf"^message 5 \({type(bad).__name__}\): langchain"
+                       ) as info:
+        Engine(dialect=LangChainDialect(), trigger_tokens=300).compact(msgs)
+    assert "secret" not in str(info.value)
