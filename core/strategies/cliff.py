@@ -132,8 +132,7 @@ class CliffStrategy:
         top = len(self.levels) - 1
         level = min(request.level, top)
         while True:
-            blocks = [_render(request, context, item, self._caps(item, level))
-                      for item in items]
+            blocks = [self._block(request, context, item, level) for item in items]
             sizes = [_estimate(b.full, rate) for b, rate in zip(blocks, rates)]
             total = sum(sizes) + len(blocks)
             if total <= budget or level == top:
@@ -156,6 +155,17 @@ class CliffStrategy:
         self._archive(request, blocks, forms)
         message = request.dialect.text_message(text)
         return Rendered(message, tokens, level, _report(request, items, blocks, forms))
+
+    def _block(self, request: CompactionRequest, context: _Context, item: _Item, level: int
+               ) -> _Block:
+        """``item`` rendered at ``level``'s caps, once per caps in a call (items carried
+        from earlier cycles keep theirs at every level)."""
+        caps = self._caps(item, level)
+        key = ("block", item.index, id(caps))
+        block: _Block | None = context.memo.get(key)
+        if block is None:
+            block = context.memo[key] = _render(request, context, item, caps)
+        return block
 
     def _caps(self, item: _Item, level: int) -> CliffLevel:
         if item.carried and item.role not in _HUMAN_ROLES:
@@ -238,6 +248,9 @@ class _Context:
     results: dict[str, Part]  # call ref -> the result answering it
     superseded: frozenset[str]  # refs of calls repeated later
     call_items: dict[str, int]  # call ref -> position of the item holding the call
+    # one compaction renders its items at several levels, and most caps repeat between
+    # levels: truncations and skim lines are kept here for the call (never across calls)
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item]) -> _Context:
@@ -301,6 +314,14 @@ def _size_note(text: str) -> str:
 
 def _skim_line(context: _Context, item: _Item, part: Part, note: str = "") -> str:
     """``[turn T · WHAT · SIZE · expand HANDLE]`` for a part left out."""
+    key = ("skim", item.index, id(part), note)
+    line: str | None = context.memo.get(key)
+    if line is None:
+        line = context.memo[key] = _new_skim_line(context, item, part, note)
+    return line
+
+
+def _new_skim_line(context: _Context, item: _Item, part: Part, note: str) -> str:
     turn = context.turn(item.index)
     kind = part.kind
     if kind == "tool_call":
@@ -334,8 +355,14 @@ def _archived(context: _Context, item: _Item, part: Part, note: str = "") -> Arc
     return ArchivedItem(handle_of(part.text), part.text, _skim_line(context, item, part, note))
 
 
-def _cap(text: str, limit: int, inline: bool = False) -> list[Seg]:
-    return truncation_pieces(text, limit, inline=inline, handle=handle_of(text))
+def _cap(context: _Context, part: Part, limit: int, inline: bool = False) -> list[Seg]:
+    key = ("cap", id(part), limit, inline)
+    pieces: tuple[Seg, ...] | None = context.memo.get(key)
+    if pieces is None:
+        text = part.text
+        pieces = context.memo[key] = tuple(
+            truncation_pieces(text, limit, inline=inline, handle=handle_of(text)))
+    return list(pieces)
 
 
 def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel,
@@ -345,16 +372,17 @@ def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel,
     if item.pinned and part.text:
         return [(True, part.text)], False
     kind, text = part.kind, part.text
-    skim = [(False, _skim_line(context, item, part))] if text else []
     if kind == "text" and text:
         limit = caps.human_max if item.role in _HUMAN_ROLES else caps.assistant_max
-        return (_cap(text, limit), len(text) > limit) if limit else (skim, True)
+        if limit:
+            return _cap(context, part, limit), len(text) > limit
+        return [(False, _skim_line(context, item, part))], True
     if kind == "thinking" and text:
         if not caps.thinking_max:
             return [], True
-        return [(False, "[thinking] "), *_cap(text, caps.thinking_max)], True
+        return [(False, "[thinking] "), *_cap(context, part, caps.thinking_max)], True
     if kind == "tool_call":
-        args = _cap(text, caps.call_args_max, inline=True) if text else []
+        args = _cap(context, part, caps.call_args_max, inline=True) if text else []
         out = [(False, "[tool call "), (True, part.name), (False, "] "), *args]
         if context.skims_result(part.ref, caps):  # the result's handle, on the call's line
             out.append((False, " " + _result_note(context, item, context.results[part.ref])))
@@ -363,7 +391,7 @@ def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel,
         if not context.skims_result(part.ref, caps):
             if len(text) <= caps.result_keep:
                 return ([(True, text)] if text else []), False
-            return _cap(text, caps.result_max), True
+            return _cap(context, part, caps.result_max), True
         if on_call and part.ref in context.call_items:
             return [], True  # named on its call's line
         note = "superseded" if part.ref in context.superseded else ""
