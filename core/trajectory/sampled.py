@@ -66,9 +66,18 @@ def _scored(entries: Any) -> tuple[list[float], list[str]] | None:
 
 
 def _choice(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Choice 0 (by its ``index``: a stream of ``n > 1`` interleaves the choices)."""
     choices = body.get("choices")
-    first = choices[0] if isinstance(choices, list) and choices else {}
-    return first if isinstance(first, Mapping) else {}
+    for choice in choices if isinstance(choices, list) else ():
+        if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
+            return choice
+    return {}
+
+
+def _prompt_ids(body: Mapping[str, Any], choice: Mapping[str, Any]) -> list[int] | None:
+    """vLLM sends ``prompt_token_ids`` at the top of a chat body (the first chunk of a
+    stream); its completions API puts them on the choice."""
+    return _ints(body.get("prompt_token_ids", choice.get("prompt_token_ids")))
 
 
 def _response_ids(choice: Mapping[str, Any]) -> list[int] | None:
@@ -76,12 +85,13 @@ def _response_ids(choice: Mapping[str, Any]) -> list[int] | None:
 
 
 def from_chat_completion(body: Mapping[str, Any]) -> SampledTokens:
-    """From a non-streamed ``chat.completion`` body (OpenAI or vLLM)."""
+    """From a non-streamed ``chat.completion`` body (OpenAI or vLLM), or what one
+    ``chat.completion.chunk`` of a stream adds."""
     choice = _choice(body)
     logprobs = choice.get("logprobs")
     scored = _scored(logprobs.get("content")) if isinstance(logprobs, Mapping) else None
     return SampledTokens(
-        prompt_token_ids=_ints(body.get("prompt_token_ids")),
+        prompt_token_ids=_prompt_ids(body, choice),
         response_token_ids=_response_ids(choice),
         response_logprobs=scored[0] if scored else None,
         logprob_tokens=scored[1] if scored else None,
@@ -96,17 +106,14 @@ def from_chat_chunks(chunks: Iterable[Mapping[str, Any]]) -> SampledTokens:
     tokens: list[str] = []
     saw_ids = saw_logprobs = False
     for chunk in chunks:
-        prompt = prompt or _ints(chunk.get("prompt_token_ids"))
-        choice = _choice(chunk)
-        more = _response_ids(choice)
-        if more is not None:
-            ids += more
+        part = from_chat_completion(chunk)
+        prompt = prompt or part.prompt_token_ids
+        if part.response_token_ids is not None:
+            ids += part.response_token_ids
             saw_ids = True
-        lp = choice.get("logprobs")
-        scored = _scored(lp.get("content")) if isinstance(lp, Mapping) else None
-        if scored:
-            logprobs += scored[0]
-            tokens += scored[1]
+        if part.response_logprobs is not None:
+            logprobs += part.response_logprobs
+            tokens += part.logprob_tokens or []
             saw_logprobs = True
     return SampledTokens(prompt, ids if saw_ids else None,
                          logprobs if saw_logprobs else None, tokens if saw_logprobs else None)

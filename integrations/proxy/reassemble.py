@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from ...trajectory.sampled import SampledTokens, from_chat_completion
 from .wire import ANTHROPIC, CHAT
 
 __all__ = [
@@ -40,8 +41,10 @@ class Reassembled:
     """The response as native messages of the request's dialect, with usage and model.
 
     ``prompt_token_ids`` / ``token_ids`` / ``logprobs`` are the serving engine's own
-    figures when it sent them (Chat Completions: vLLM/SGLang ``prompt_token_ids`` and the
-    choice's ``token_ids``; the choice's ``logprobs.content[*].logprob``), unchanged.
+    figures when it sent them (Chat Completions: vLLM/SGLang ``prompt_token_ids`` and
+    choice 0's ``token_ids``; its ``logprobs.content[*].logprob``), read by
+    :mod:`agentcompact.trajectory.sampled` (a list with an entry lacking its logprob is
+    not taken).
     """
 
     response: list[Any] = field(default_factory=list)
@@ -107,28 +110,20 @@ def from_body(dialect: str, body: Any) -> Reassembled:
         choice = choices[0] if isinstance(choices[0], dict) else {}
         message = choice.get("message") or {}
         out = Reassembled([message], usage, model, True)
-        _rl_fields(out, body, choice)
-        if out.logprobs is None:
-            out.logprobs = _logprob_values(choice.get("logprobs"))
+        _add_sampled(out, from_chat_completion(body))
         return out
     return Reassembled(list(body.get("output") or []), usage, model, True)
 
 
-def _rl_fields(out: Reassembled, body: dict[str, Any], choice: dict[str, Any]) -> None:
-    prompt = body.get("prompt_token_ids", choice.get("prompt_token_ids"))
-    if isinstance(prompt, list):
-        out.prompt_token_ids = prompt
-    ids = choice.get("token_ids")
-    if isinstance(ids, list):
-        out.token_ids = ids
-
-
-def _logprob_values(logprobs: Any) -> list[float] | None:
-    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
-        return None
-    content: list[Any] = logprobs["content"]
-    values: list[Any] = [e.get("logprob") for e in content if isinstance(e, dict)]
-    return values  # as sent, never converted
+def _add_sampled(out: Reassembled, sampled: SampledTokens) -> None:
+    """Add what a body or a chunk reports of the sampled tokens
+    (:mod:`agentcompact.trajectory.sampled`, the one reader of those fields)."""
+    if sampled.prompt_token_ids is not None:
+        out.prompt_token_ids = sampled.prompt_token_ids
+    if sampled.response_token_ids is not None:
+        out.token_ids = [*(out.token_ids or []), *sampled.response_token_ids]
+    if sampled.response_logprobs is not None:
+        out.logprobs = [*(out.logprobs or []), *sampled.response_logprobs]
 
 
 class Reassembler:
@@ -223,13 +218,10 @@ class _ChatStream(Reassembler):
         out.model = ev.get("model") or out.model
         if ev.get("usage"):
             out.usage = dict(ev["usage"])
-        if isinstance(ev.get("prompt_token_ids"), list):
-            out.prompt_token_ids = ev["prompt_token_ids"]
+        _add_sampled(out, from_chat_completion(ev))
         for choice in ev.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
-            if isinstance(choice.get("prompt_token_ids"), list):
-                out.prompt_token_ids = choice["prompt_token_ids"]
             delta = choice.get("delta") or {}
             message = self.message
             for key in ("content", "reasoning_content", "reasoning", "refusal"):
@@ -237,12 +229,6 @@ class _ChatStream(Reassembler):
                     message[key] = (message.get(key) or "") + delta[key]
             for frag in delta.get("tool_calls") or ():
                 self._tool_fragment(frag)
-            ids = choice.get("token_ids")
-            if isinstance(ids, list):
-                out.token_ids = [*(out.token_ids or []), *ids]
-            values = _logprob_values(choice.get("logprobs"))
-            if values is not None:
-                out.logprobs = [*(out.logprobs or []), *values]
             if choice.get("finish_reason"):
                 out.complete = True
 

@@ -57,3 +57,19 @@ def test_vllm_return_token_ids_shape() -> None:
               {"choices": [{"delta": {"content": "h"}, "token_ids": [7]}]},
               {"choices": [{"delta": {"content": "i"}, "token_ids": [8]}]}]
     assert from_chat_chunks(chunks).response_token_ids == [7, 8]
+
+
+def test_a_stream_of_several_choices_reads_choice_zero_only() -> None:
+    """With ``n > 1`` a stream interleaves the choices; each chunk's ``choices[0]`` may be
+    another choice's delta."""
+    chunks = [
+        {"prompt_token_ids": [1, 2], "choices": [{"index": 1, "token_ids": [90],
+                                                  "logprobs": {"content": [
+                                                      {"token": "x", "logprob": -9.0}]}}]},
+        {"choices": [{"index": 0, "token_ids": [7],
+                      "logprobs": {"content": [{"token": "a", "logprob": -0.5}]}}]},
+        {"choices": [{"index": 1, "token_ids": [91]}, {"index": 0, "token_ids": [8]}]},
+    ]
+    got = from_chat_chunks(chunks)
+    assert (got.prompt_token_ids, got.response_token_ids, got.response_logprobs) == (
+        [1, 2], [7, 8], [-0.5])
