@@ -19,7 +19,7 @@ The backends are the prefix store's (``agentcompact.stores``), selected by the s
 ``open_archive(spec)`` turns a strategy setting into an archive: a path (``str`` or
 ``Path``) opens a SQLite file, a store URL (``sqlite:///PATH``, ``redis://HOST:PORT``, as
 ``--store``) the archive beside that store's prefixes (:class:`SharedArchive`),
-``":memory:"``, ``"memory:"`` or ``None`` a new in-memory archive, an object with
+``":memory:"``, ``"memory"`` (``memory:``) or ``None`` a new in-memory archive, an object with
 ``put_many``/``get``/``search`` is used as it is, ``False`` means no archive.
 """
 
@@ -288,7 +288,8 @@ def open_archive(spec: object) -> Archive | None:
     """
     if spec is False:
         return None
-    if spec is None or spec in (":memory:", "memory:"):
+    if spec is None or spec == ":memory:" or (
+            isinstance(spec, str) and spec.partition(":")[0].lower() == "memory"):
         return MemoryArchive()
     if isinstance(spec, str) and spec.lower().startswith(_URL_SCHEMES):
         from .stores import backend_from_url

@@ -67,7 +67,7 @@ class SQLiteBackend:
 
     def _open(self) -> sqlite3.Connection:
         if not self.path.parent.exists():
-            self.path.parent.mkdir(parents=True, mode=0o700)
+            self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
         # created 0600 before SQLite opens it: SQLite gives -wal and -shm the same mode
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         if self.path.stat().st_mode & 0o077:
