@@ -50,7 +50,7 @@ return {seq, 1, epoch, redis.call('LRANGE', KEYS[2], -n, -1)}
 _ARCHIVE = """
 local ttl, log_max, added = tonumber(ARGV[1]), tonumber(ARGV[2]), 0
 for i = 1, #KEYS do
-  local at = 3 * i
+  local at = 3 * i + 1
   if redis.call('EXISTS', KEYS[i]) == 0 then
     redis.call('HSET', KEYS[i], 't', ARGV[at], 's', ARGV[at + 1])
     if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end

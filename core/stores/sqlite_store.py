@@ -152,7 +152,8 @@ class SQLiteBackend:
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.executemany("INSERT OR IGNORE INTO dropped (handle, text, skim) "
-                               "VALUES (?, ?, ?)", rows)
+                               "VALUES (?, ?, ?)",
+                               [(h, _utf8(t), _utf8(s)) for h, t, s in rows])
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
@@ -163,15 +164,15 @@ class SQLiteBackend:
         with self._lock:
             row = self._db.execute("SELECT handle, text, skim FROM dropped WHERE handle = ?",
                                    (handle,)).fetchone()
-        return None if row is None else (row[0], row[1], row[2])
+        return None if row is None else (row[0], _str(row[1]), _str(row[2]))
 
     def archive_search(self, query: str, limit: int) -> list[ArchiveRow]:
         """Rows whose text contains ``query`` case-insensitively, most recent first."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT handle, text, skim FROM dropped WHERE instr(casefold(text), ?) > 0 "
-                "ORDER BY seq DESC LIMIT ?", (query.casefold(), max(0, limit))).fetchall()
-        return [(r[0], r[1], r[2]) for r in rows]
+                "ORDER BY seq DESC LIMIT ?", (_utf8(query.casefold()), max(0, limit))).fetchall()
+        return [(r[0], _str(r[1]), _str(r[2])) for r in rows]
 
     def archive_count(self) -> int:
         with self._lock:
@@ -187,6 +188,18 @@ class SQLiteBackend:
                 self._conn = None
 
 
-def _casefold(text: object) -> str:
-    """Case-insensitive search beyond ASCII (sqlite's ``lower`` folds ASCII only)."""
-    return text.casefold() if isinstance(text, str) else ""
+def _utf8(text: str) -> bytes:
+    """Archived text as UTF-8 bytes (a BLOB): lone surrogates kept, as the original had
+    them (SQLite's TEXT binding refuses them)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _str(value: str | bytes) -> str:
+    """A stored text: a BLOB of ``_utf8``, or TEXT of an archive written before."""
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+
+
+def _casefold(text: object) -> bytes:
+    """Case-insensitive search beyond ASCII (sqlite's ``lower`` folds ASCII only), as
+    UTF-8 bytes: ``instr`` of two BLOBs is a byte search, and UTF-8 keeps substrings."""
+    return _utf8(_str(text).casefold()) if isinstance(text, (str, bytes)) else b""
