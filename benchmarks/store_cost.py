@@ -23,8 +23,16 @@ SQLite, restart with a memory store (everything forgotten). Twice: with the clif
 nothing), and with the summary strategy against a summarizer that answers differently on
 every call (the upstream simulator standing in for a sampling LLM).
 
+**Proxy restart, default settings.** The same measure through real ``agentcompact proxy``
+processes run with the default store (no ``--store``: the SQLite file in ``--state-dir``)
+and the summary strategy against the sampling summarizer: each session's requests are
+sent as Anthropic bodies, the process is stopped and started again over the same folder
+every ``--restart-every`` requests, and the bodies the upstream simulator received are
+compared: no restart, restart with the default store, restart with ``--store memory``
+(``--no-proxy`` skips it).
+
     TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/store_cost.py
-        [--repeat 3] [--restart-every 40] [--after 10]
+        [--repeat 3] [--restart-every 40] [--after 10] [--no-proxy]
 """
 
 from __future__ import annotations
@@ -211,6 +219,56 @@ def _compacted_restarts(messages: list[Any], every: int, counter: Any) -> list[i
     return [i for i in range(every, len(points), every) if i > first]
 
 
+def proxy_restart_share(sessions_: list[list[Any]], every: int, after: int, counter: Any,
+                        tmp: str) -> None:
+    """``restart_share`` through real proxy processes with their default store."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.scale.proxies
+    from agentcompact.integrations.upstream_sim import Script, UpstreamSim, serve
+    from tests.scale.proxies import ProxyProcess, send
+
+    calls = iter(range(1 << 30))
+
+    def sampled(body: dict[str, Any]) -> str:
+        return f"Summary {next(calls)}: the user asked for a fix; files were read and edited."
+
+    print(f"\nproxy (default store, summary strategy): provider-cached share of input tokens "
+          f"over the {after} requests after a restart (every {every} requests) of a session "
+          "sending a compacted prefix")
+    measure = engine(store_from_url("memory:"), counter)
+    starts = [_compacted_restarts(messages, every, counter) for messages in sessions_]
+    folders = iter(range(1 << 30))
+    with serve(UpstreamSim(Script(then=sampled))) as sim:
+        env = {"AGENTCOMPACT_SUMMARIZER_BASE_URL": sim.base_url + "/v1",
+               "AGENTCOMPACT_SUMMARIZER_MODEL": "sim-model"}
+        for mode, store in (("no restart", None), ("restart, default", None),
+                            ("restart, memory", "memory")):
+            cached = total = restarts_s = 0.0
+            for n, (messages, restarts) in enumerate(zip(sessions_, starts)):
+                proxy = ProxyProcess(sim.base_url, store, env=env, extra=[
+                    "--strategy", "summary", "--state-dir", f"{tmp}/proxy-{next(folders)}"])
+                sim.sim.clear()  # type: ignore[union-attr]
+                proxy.start()
+                try:
+                    for i, c in enumerate(call_points(messages)):
+                        if i and i % every == 0 and mode != "no restart":
+                            t0 = time.perf_counter()
+                            proxy.stop()
+                            proxy.start()
+                            restarts_s += time.perf_counter() - t0
+                        send(proxy, {"model": "claude-sim", "max_tokens": 32,
+                                     "messages": messages[:c]}, session=f"session-{n}")
+                finally:
+                    proxy.stop()
+                sent = [r.body["messages"] for r in sim.requests if r.path == "/v1/messages"]
+                for i in range(1, len(sent)):
+                    if any(s <= i < s + after for s in restarts):
+                        cached += common_tokens(sent[i], sent[i - 1], measure.count)
+                        total += measure.count(sent[i])
+            print(f"  {mode:<18} {cached / max(total, 1):6.1%}  ({cached:.0f} of {total:.0f} "
+                  f"tokens{f'; restarts took {restarts_s:.0f} s' if restarts_s else ''})")
+    print(f"  ({sum(map(len, starts))} restarts counted)")
+
+
 @contextmanager
 def sampled_summarizer() -> Iterator[dict[str, Any]]:
     """The upstream simulator as a summarizer that answers differently on every call, as
@@ -234,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--restart-every", type=int, default=40)
     ap.add_argument("--after", type=int, default=10)
+    ap.add_argument("--no-proxy", action="store_true", help="skip the proxy processes")
     args = ap.parse_args(argv)
     if not CLAUDE:
         print(f"no Claude Code sessions under {DATA}", file=sys.stderr)
@@ -264,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         restart_share(data, args.restart_every, args.after, counter, sqlite, {})
         with sampled_summarizer() as summary:
             restart_share(data, args.restart_every, args.after, counter, sqlite, summary)
+        if not args.no_proxy:
+            proxy_restart_share(data, args.restart_every, args.after, counter, tmp)
     return 0
 
 

@@ -11,9 +11,9 @@ The backends are the prefix store's (``agentcompact.stores``), selected by the s
 
 * :class:`SharedArchive` — on a SQLite file or a Redis server (``redis://``: replicas
   expand what any of them dropped); fail-open like the prefix store.
-* :class:`SQLiteArchive` — the ``SharedArchive`` of a SQLite file (WAL journal; the file and its ``-wal``/``-shm``
-  companions 0600, a created folder 0700). It survives restarts and can be read by another
-  process (the MCP server reads the proxy's archive).
+* :class:`SQLiteArchive` — the ``SharedArchive`` of a SQLite file (WAL journal; the file
+  and its ``-wal``/``-shm`` companions 0600, a created folder 0700). It survives restarts
+  and can be read by another process (the MCP server reads the proxy's archive).
 * :class:`MemoryArchive` — a dict, for tests and in-process agents that need no file.
 
 ``open_archive(spec)`` turns a strategy setting into an archive: a path (``str`` or

@@ -155,7 +155,9 @@ class RedisBackend:
         """Rows whose text contains ``query`` case-insensitively, most recent first: the
         log read newest first in batches, the texts matched here (the server has no
         case-insensitive substring search)."""
-        needle, found, end, seen = query.casefold(), [], -1, set()
+        needle, end = query.casefold(), -1
+        found: list[ArchiveRow] = []
+        seen: set[bytes] = set()
         while len(found) < limit:
             handles = self._redis.lrange(self._alog, end - _SEARCH_BATCH + 1, end)
             if not handles:
