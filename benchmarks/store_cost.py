@@ -6,7 +6,9 @@ dialect) are replayed request by request (each model call point: the history so 
 through an ``Engine`` as the proxy drives it (``store_version`` read, then ``compact``),
 cliff strategy, tiktoken, trigger 100k / target 50k (the proxy's defaults). The store is
 wrapped in a timer summing the time spent inside its ``version`` / ``get`` / ``put``
-per request. Stores, all in one run, sessions interleaved: ``memory`` (the baseline),
+per request, and inside the archive of the same URL (the cliff strategy's
+``put_many`` of what a compaction drops), as the proxy's store holds both. Stores, all in
+one run, sessions interleaved: ``memory`` (the baseline),
 ``sqlite`` (a temp file), ``redis`` (a ``redis-server`` started here on loopback, no
 persistence), and the two shared ones as **replicas**: requests alternate between two
 engines, each with its own store object on the same backend (as two proxy processes
@@ -51,8 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from agentcompact import Budget, Engine, get_dialect
+from agentcompact.archive import MemoryArchive, SharedArchive
 from agentcompact.store import PrefixEntry, PrefixStore
-from agentcompact.stores import store_from_url
+from agentcompact.stores import backend_from_url, store_from_url
 from agentcompact.trajectory.loaders import load
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
@@ -61,10 +64,12 @@ BUDGET = Budget(trigger_tokens=100_000, target_tokens=50_000)
 
 
 class Timed:
-    """A store with the time spent inside it summed (``spent``, seconds)."""
+    """A store, and the archive of its URL, with the time spent inside them summed
+    (``spent``, seconds)."""
 
-    def __init__(self, store: PrefixStore) -> None:
+    def __init__(self, store: PrefixStore, archive: Any) -> None:
         self.store, self.spent = store, 0.0
+        self.archive = TimedArchive(archive, self)
 
     @property
     def version(self) -> int | None:
@@ -83,6 +88,32 @@ class Timed:
         t0 = time.perf_counter()
         self.store.put(key, entry)
         self.spent += time.perf_counter() - t0
+
+
+class TimedArchive:
+    """The archive the cliff strategy writes its dropped originals to, timed into the
+    store's ``spent``: the proxy's default store holds both."""
+
+    def __init__(self, archive: Any, timed: Timed) -> None:
+        self.archive, self.timed = archive, timed
+
+    def put_many(self, items: Any) -> None:
+        t0 = time.perf_counter()
+        self.archive.put_many(items)
+        self.timed.spent += time.perf_counter() - t0
+
+    def get(self, handle: str) -> Any:
+        return self.archive.get(handle)
+
+    def search(self, query: str, limit: int = 10) -> Any:
+        return self.archive.search(query, limit)
+
+
+def timed(url: str) -> Timed:
+    """A new store object and archive object on ``url`` (a new process's)."""
+    if url.startswith("memory"):
+        return Timed(store_from_url(url), MemoryArchive())
+    return Timed(store_from_url(url), SharedArchive(backend_from_url(url)[0]))
 
 
 def sessions() -> list[list[Any]]:
@@ -107,7 +138,8 @@ def engine(store: PrefixStore, counter: Any, strategy: str = "cliff", **settings
 
 def replay_cost(messages: list[Any], stores: list[Timed], counter: Any) -> list[float]:
     """Store seconds per request; request ``i`` served by ``stores[i % len]``'s engine."""
-    engines = [engine(s, counter) for s in stores]  # type: ignore[arg-type]
+    engines = [engine(s, counter, strategy_settings={"archive": s.archive})  # type: ignore[arg-type]
+               for s in stores]
     out = []
     for i, c in enumerate(call_points(messages)):
         e, s = engines[i % len(engines)], stores[i % len(stores)]
@@ -159,11 +191,11 @@ def cost(sessions_: list[list[Any]], urls: dict[str, Callable[[], str]], repeat:
             for kind in kinds:  # interleaved: load changes hit every kind alike
                 base = kind.split()[0]
                 if base == "memory":
-                    stores = [Timed(store_from_url("memory:"))]
+                    stores = [timed("memory:")]
                 else:
                     url = urls[base]()
                     n = 2 if kind.endswith("replicas") else 1
-                    stores = [Timed(store_from_url(url)) for _ in range(n)]
+                    stores = [timed(url) for _ in range(n)]
                 times[kind] += replay_cost(messages, stores, counter)
     base50 = pct(times["memory"], 0.5)
     print(f"store time per request over {len(times['memory'])} requests "

@@ -172,8 +172,8 @@ class RayEpisodes:
     """
 
     def __init__(self, ctx: Any, workers: int, start_method: str, *,
-                 batch_size: int = 4) -> None:
-        self.ctx, self.batch_size = ctx, batch_size
+                 batch_size: int = 4, workers_write: bool = True) -> None:
+        self.ctx, self.batch_size, self.workers_write = ctx, batch_size, workers_write
         self._requested = ctx.opts.workers
         self._workers = workers
         self._spill: Path | None = None
@@ -181,7 +181,7 @@ class RayEpisodes:
     def writer(self, out: Path, opts: _export.ExportOptions) -> _export._Writer:
         """``export_runs`` asks its runner for the writer: shards written by Ray tasks
         (the driver's own writer when logprobs are recomputed on the driver)."""
-        if opts.recompute_logprobs is not None:
+        if opts.recompute_logprobs is not None or not self.workers_write:
             return _export._Writer(out, opts)
         import ray
 
@@ -242,6 +242,7 @@ def export_runs_ray(
     address: str | None = None,
     num_cpus: int | None = None,
     batch_size: int = 4,
+    workers_write: bool = True,
     keep_events: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """``export_runs`` with the episodes exported on Ray (the same files).
@@ -250,6 +251,8 @@ def export_runs_ray(
         this process is connected to, else ``RAY_ADDRESS``, else a local Ray started for
         this export (with ``num_cpus``) and shut down after it.
     :param batch_size: episodes per actor call.
+    :param workers_write: Ray tasks write the shards (``False``: the rows come back to
+        this process, which writes them; the same files).
     :param keep_events: as for ``export_runs`` (trajectory files converted to events).
     """
     try:
@@ -264,7 +267,8 @@ def export_runs_ray(
                  logging_level=logging.WARNING, log_to_driver=False)
     try:
         return _export.export_runs(runs, out_dir, tokenizer, options,
-                                   runner=partial(RayEpisodes, batch_size=batch_size),
+                                   runner=partial(RayEpisodes, batch_size=batch_size,
+                                                  workers_write=workers_write),
                                    keep_events=keep_events)
     finally:
         if started:
