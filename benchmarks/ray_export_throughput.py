@@ -17,7 +17,7 @@ episodes / max(rest, work / n). Actor start-up (once per export), unpickling the
 the driver and a cluster's network transfer of them are not in it.
 
     TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/ray_export_throughput.py
-        [--copies 1] [--repeat 2]
+        [--copies 1] [--repeat 2] [--rows-per-shard 10000]
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--copies", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--rows-per-shard", type=int, default=10_000,
+                    help="segment rows per shard (fewer: more shards for the Ray tasks)")
     args = ap.parse_args(argv)
     import ray
 
@@ -78,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         episodes = 200 * args.copies
 
         def local(workers: int) -> Callable[[Path], Any]:
-            return lambda out: export_runs([events], out, tok, ExportOptions(workers=workers))
+            return lambda out: export_runs([events], out, tok, ExportOptions(
+                workers=workers, rows_per_shard=args.rows_per_shard))
 
         def on_ray(workers: int, workers_write: bool = True) -> Callable[[Path], Any]:
             return lambda out: export_runs_ray([events], out, tok,
-                                               ExportOptions(workers=workers),
+                                               ExportOptions(workers=workers, rows_per_shard=
+                                                             args.rows_per_shard),
                                                workers_write=workers_write)
 
         rows: list[tuple[str, float]] = []
@@ -115,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
             ray.shutdown()
         rows += [("ray, 1 actor", r1), ("ray, 2 actors", r2),
                  ("ray, 2, driver writes", d2)]
-    print(f"{episodes} tau-bench episodes, best of {args.repeat}, load "
-          f"{os.getloadavg()[0]:.1f}; every export byte-identical to local workers=1")
+    shards = sum(1 for name in reference if name.startswith("segments-"))
+    print(f"{episodes} tau-bench episodes, {shards} shards, best of {args.repeat}, "
+          f"load {os.getloadavg()[0]:.1f}; every export byte-identical to local workers=1")
     print(f"{'export':<24}{'s':>8}{'episodes/s':>12}{'vs local w=1':>14}")
     for name, t in rows:
         print(f"{name:<24}{t:>8.2f}{episodes / t:>12.1f}{t1 / t:>14.2f}")
