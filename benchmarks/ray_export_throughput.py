@@ -5,7 +5,8 @@ Qwen2.5 fast tokenizer, all in one run, best of ``--repeat`` each:
 
 - local, ``workers=1`` (all in this process) and ``workers=2`` (two forked workers);
 - Ray (``ray.init(num_cpus=2)``, started once; its start-up time printed apart) with one
-  and with two actors.
+  and with two actors, the shards written by Ray tasks (the default), and with two actors
+  the rows sent back to the driver, which writes them (``workers_write=False``).
 
 Every export's files are checked byte-identical to the local one's. Episodes/s and the
 ratio to local ``workers=1`` are printed. "Per added worker, on paper", from CPU times
@@ -16,7 +17,7 @@ episodes / max(rest, work / n). Actor start-up (once per export), unpickling the
 the driver and a cluster's network transfer of them are not in it.
 
     TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/ray_export_throughput.py
-        [--copies 1] [--repeat 2]
+        [--copies 1] [--repeat 2] [--rows-per-shard 10000]
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--copies", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--rows-per-shard", type=int, default=10_000,
+                    help="segment rows per shard (fewer: more shards for the Ray tasks)")
     args = ap.parse_args(argv)
     import ray
 
@@ -77,11 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         episodes = 200 * args.copies
 
         def local(workers: int) -> Callable[[Path], Any]:
-            return lambda out: export_runs([events], out, tok, ExportOptions(workers=workers))
+            return lambda out: export_runs([events], out, tok, ExportOptions(
+                workers=workers, rows_per_shard=args.rows_per_shard))
 
-        def on_ray(workers: int) -> Callable[[Path], Any]:
+        def on_ray(workers: int, workers_write: bool = True) -> Callable[[Path], Any]:
             return lambda out: export_runs_ray([events], out, tok,
-                                               ExportOptions(workers=workers))
+                                               ExportOptions(workers=workers, rows_per_shard=
+                                                             args.rows_per_shard),
+                                               workers_write=workers_write)
 
         rows: list[tuple[str, float]] = []
         work_s = [0.0]
@@ -108,19 +114,23 @@ def main(argv: list[str] | None = None) -> int:
         try:
             r1, _, _ = best(on_ray(1), args.repeat, tmp, reference)
             r2, driver, _ = best(on_ray(2), args.repeat, tmp, reference)
+            d2, driver_writes, _ = best(on_ray(2, False), args.repeat, tmp, reference)
         finally:
             ray.shutdown()
-        rows += [("ray, 1 actor", r1), ("ray, 2 actors", r2)]
-    print(f"{episodes} tau-bench episodes, best of {args.repeat}, load "
-          f"{os.getloadavg()[0]:.1f}; every export byte-identical to local workers=1")
-    print(f"{'export':<20}{'s':>8}{'episodes/s':>12}{'vs local w=1':>14}")
+        rows += [("ray, 1 actor", r1), ("ray, 2 actors", r2),
+                 ("ray, 2, driver writes", d2)]
+    shards = sum(1 for name in reference if name.startswith("segments-"))
+    print(f"{episodes} tau-bench episodes, {shards} shards, best of {args.repeat}, "
+          f"load {os.getloadavg()[0]:.1f}; every export byte-identical to local workers=1")
+    print(f"{'export':<24}{'s':>8}{'episodes/s':>12}{'vs local w=1':>14}")
     for name, t in rows:
-        print(f"{name:<20}{t:>8.2f}{episodes / t:>12.1f}{t1 / t:>14.2f}")
+        print(f"{name:<24}{t:>8.2f}{episodes / t:>12.1f}{t1 / t:>14.2f}")
     print(f"ray.init(num_cpus=2), once: {start:.1f} s (not in the times above)")
     serial = cpu1 - work
     print(f"CPU of local workers=1: {cpu1:.2f} s, of which episodes {work:.2f} s "
           f"({work / episodes * 1000:.1f} ms each) and the rest (index pass, writing) "
-          f"{serial:.2f} s; the Ray driver's process: {driver:.2f} s (Ray's threads included)")
+          f"{serial:.2f} s; the Ray driver's process: {driver:.2f} s with the workers writing "
+          f"the shards, {driver_writes:.2f} s writing them itself (Ray's threads included)")
     print(f"  the Ray driver's measured CPU bounds any number of workers at "
           f"{episodes / driver:.1f} episodes/s ({cpu1 / driver:.1f}x local workers=1)")
     for n in (2, 4, 8, 16, 32):

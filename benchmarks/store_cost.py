@@ -6,7 +6,9 @@ dialect) are replayed request by request (each model call point: the history so 
 through an ``Engine`` as the proxy drives it (``store_version`` read, then ``compact``),
 cliff strategy, tiktoken, trigger 100k / target 50k (the proxy's defaults). The store is
 wrapped in a timer summing the time spent inside its ``version`` / ``get`` / ``put``
-per request. Stores, all in one run, sessions interleaved: ``memory`` (the baseline),
+per request, and inside the archive of the same URL (the cliff strategy's
+``put_many`` of what a compaction drops), as the proxy's store holds both. Stores, all in
+one run, sessions interleaved: ``memory`` (the baseline),
 ``sqlite`` (a temp file), ``redis`` (a ``redis-server`` started here on loopback, no
 persistence), and the two shared ones as **replicas**: requests alternate between two
 engines, each with its own store object on the same backend (as two proxy processes
@@ -23,8 +25,16 @@ SQLite, restart with a memory store (everything forgotten). Twice: with the clif
 nothing), and with the summary strategy against a summarizer that answers differently on
 every call (the upstream simulator standing in for a sampling LLM).
 
+**Proxy restart, default settings.** The same measure through real ``agentcompact proxy``
+processes run with the default store (no ``--store``: the SQLite file in ``--state-dir``)
+and the summary strategy against the sampling summarizer: each session's requests are
+sent as Anthropic bodies, the process is stopped and started again over the same folder
+every ``--restart-every`` requests, and the bodies the upstream simulator received are
+compared: no restart, restart with the default store, restart with ``--store memory``
+(``--no-proxy`` skips it).
+
     TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/store_cost.py
-        [--repeat 3] [--restart-every 40] [--after 10]
+        [--repeat 3] [--restart-every 40] [--after 10] [--no-proxy]
 """
 
 from __future__ import annotations
@@ -43,8 +53,9 @@ from pathlib import Path
 from typing import Any
 
 from agentcompact import Budget, Engine, get_dialect
+from agentcompact.archive import MemoryArchive, SharedArchive
 from agentcompact.store import PrefixEntry, PrefixStore
-from agentcompact.stores import store_from_url
+from agentcompact.stores import backend_from_url, store_from_url
 from agentcompact.trajectory.loaders import load
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
@@ -53,10 +64,12 @@ BUDGET = Budget(trigger_tokens=100_000, target_tokens=50_000)
 
 
 class Timed:
-    """A store with the time spent inside it summed (``spent``, seconds)."""
+    """A store, and the archive of its URL, with the time spent inside them summed
+    (``spent``, seconds)."""
 
-    def __init__(self, store: PrefixStore) -> None:
+    def __init__(self, store: PrefixStore, archive: Any) -> None:
         self.store, self.spent = store, 0.0
+        self.archive = TimedArchive(archive, self)
 
     @property
     def version(self) -> int | None:
@@ -75,6 +88,32 @@ class Timed:
         t0 = time.perf_counter()
         self.store.put(key, entry)
         self.spent += time.perf_counter() - t0
+
+
+class TimedArchive:
+    """The archive the cliff strategy writes its dropped originals to, timed into the
+    store's ``spent``: the proxy's default store holds both."""
+
+    def __init__(self, archive: Any, timed: Timed) -> None:
+        self.archive, self.timed = archive, timed
+
+    def put_many(self, items: Any) -> None:
+        t0 = time.perf_counter()
+        self.archive.put_many(items)
+        self.timed.spent += time.perf_counter() - t0
+
+    def get(self, handle: str) -> Any:
+        return self.archive.get(handle)
+
+    def search(self, query: str, limit: int = 10) -> Any:
+        return self.archive.search(query, limit)
+
+
+def timed(url: str) -> Timed:
+    """A new store object and archive object on ``url`` (a new process's)."""
+    if url.startswith("memory"):
+        return Timed(store_from_url(url), MemoryArchive())
+    return Timed(store_from_url(url), SharedArchive(backend_from_url(url)[0]))
 
 
 def sessions() -> list[list[Any]]:
@@ -99,7 +138,8 @@ def engine(store: PrefixStore, counter: Any, strategy: str = "cliff", **settings
 
 def replay_cost(messages: list[Any], stores: list[Timed], counter: Any) -> list[float]:
     """Store seconds per request; request ``i`` served by ``stores[i % len]``'s engine."""
-    engines = [engine(s, counter) for s in stores]  # type: ignore[arg-type]
+    engines = [engine(s, counter, strategy_settings={"archive": s.archive})  # type: ignore[arg-type]
+               for s in stores]
     out = []
     for i, c in enumerate(call_points(messages)):
         e, s = engines[i % len(engines)], stores[i % len(stores)]
@@ -151,11 +191,11 @@ def cost(sessions_: list[list[Any]], urls: dict[str, Callable[[], str]], repeat:
             for kind in kinds:  # interleaved: load changes hit every kind alike
                 base = kind.split()[0]
                 if base == "memory":
-                    stores = [Timed(store_from_url("memory:"))]
+                    stores = [timed("memory:")]
                 else:
                     url = urls[base]()
                     n = 2 if kind.endswith("replicas") else 1
-                    stores = [Timed(store_from_url(url)) for _ in range(n)]
+                    stores = [timed(url) for _ in range(n)]
                 times[kind] += replay_cost(messages, stores, counter)
     base50 = pct(times["memory"], 0.5)
     print(f"store time per request over {len(times['memory'])} requests "
@@ -211,6 +251,56 @@ def _compacted_restarts(messages: list[Any], every: int, counter: Any) -> list[i
     return [i for i in range(every, len(points), every) if i > first]
 
 
+def proxy_restart_share(sessions_: list[list[Any]], every: int, after: int, counter: Any,
+                        tmp: str) -> None:
+    """``restart_share`` through real proxy processes with their default store."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.scale.proxies
+    from agentcompact.integrations.upstream_sim import Script, UpstreamSim, serve
+    from tests.scale.proxies import ProxyProcess, send
+
+    calls = iter(range(1 << 30))
+
+    def sampled(body: dict[str, Any]) -> str:
+        return f"Summary {next(calls)}: the user asked for a fix; files were read and edited."
+
+    print(f"\nproxy (default store, summary strategy): provider-cached share of input tokens "
+          f"over the {after} requests after a restart (every {every} requests) of a session "
+          "sending a compacted prefix")
+    measure = engine(store_from_url("memory:"), counter)
+    starts = [_compacted_restarts(messages, every, counter) for messages in sessions_]
+    folders = iter(range(1 << 30))
+    with serve(UpstreamSim(Script(then=sampled))) as sim:
+        env = {"AGENTCOMPACT_SUMMARIZER_BASE_URL": sim.base_url + "/v1",
+               "AGENTCOMPACT_SUMMARIZER_MODEL": "sim-model"}
+        for mode, store in (("no restart", None), ("restart, default", None),
+                            ("restart, memory", "memory")):
+            cached = total = restarts_s = 0.0
+            for n, (messages, restarts) in enumerate(zip(sessions_, starts)):
+                proxy = ProxyProcess(sim.base_url, store, env=env, extra=[
+                    "--strategy", "summary", "--state-dir", f"{tmp}/proxy-{next(folders)}"])
+                sim.sim.clear()  # type: ignore[union-attr]
+                proxy.start()
+                try:
+                    for i, c in enumerate(call_points(messages)):
+                        if i and i % every == 0 and mode != "no restart":
+                            t0 = time.perf_counter()
+                            proxy.stop()
+                            proxy.start()
+                            restarts_s += time.perf_counter() - t0
+                        send(proxy, {"model": "claude-sim", "max_tokens": 32,
+                                     "messages": messages[:c]}, session=f"session-{n}")
+                finally:
+                    proxy.stop()
+                sent = [r.body["messages"] for r in sim.requests if r.path == "/v1/messages"]
+                for i in range(1, len(sent)):
+                    if any(s <= i < s + after for s in restarts):
+                        cached += common_tokens(sent[i], sent[i - 1], measure.count)
+                        total += measure.count(sent[i])
+            print(f"  {mode:<18} {cached / max(total, 1):6.1%}  ({cached:.0f} of {total:.0f} "
+                  f"tokens{f'; restarts took {restarts_s:.0f} s' if restarts_s else ''})")
+    print(f"  ({sum(map(len, starts))} restarts counted)")
+
+
 @contextmanager
 def sampled_summarizer() -> Iterator[dict[str, Any]]:
     """The upstream simulator as a summarizer that answers differently on every call, as
@@ -234,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--restart-every", type=int, default=40)
     ap.add_argument("--after", type=int, default=10)
+    ap.add_argument("--no-proxy", action="store_true", help="skip the proxy processes")
     args = ap.parse_args(argv)
     if not CLAUDE:
         print(f"no Claude Code sessions under {DATA}", file=sys.stderr)
@@ -264,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         restart_share(data, args.restart_every, args.after, counter, sqlite, {})
         with sampled_summarizer() as summary:
             restart_share(data, args.restart_every, args.after, counter, sqlite, summary)
+        if not args.no_proxy:
+            proxy_restart_share(data, args.restart_every, args.after, counter, tmp)
     return 0
 
 

@@ -7,31 +7,37 @@ gets the original back with ``expand(handle)`` (see :mod:`agentcompact.expand`).
 content always has the same handle, so skim lines are byte-stable between cliffs and
 across restarts, and writing an item twice is a no-op.
 
-Two backends:
+The backends are the prefix store's (``agentcompact.stores``), selected by the same URL:
 
-* :class:`SQLiteArchive` — a SQLite file (WAL journal; the file and its ``-wal``/``-shm``
-  companions 0600, a created folder 0700). It survives restarts and can be read by another
-  process (the MCP server reads the proxy's archive).
+* :class:`SharedArchive` — on a SQLite file or a Redis server (``redis://``: replicas
+  expand what any of them dropped); fail-open like the prefix store.
+* :class:`SQLiteArchive` — the ``SharedArchive`` of a SQLite file (WAL journal; the file
+  and its ``-wal``/``-shm`` companions 0600, a created folder 0700). It survives restarts
+  and can be read by another process (the MCP server reads the proxy's archive).
 * :class:`MemoryArchive` — a dict, for tests and in-process agents that need no file.
 
 ``open_archive(spec)`` turns a strategy setting into an archive: a path (``str`` or
-``Path``) opens a SQLite file, ``":memory:"`` or ``None`` a new in-memory archive, an
-object with ``put``/``get``/``search`` is used as it is, ``False`` means no archive.
+``Path``) opens a SQLite file, a store URL (``sqlite:///PATH``, ``redis://HOST:PORT``, as
+``--store``) the archive beside that store's prefixes (:class:`SharedArchive`),
+``":memory:"``, ``"memory"`` (``memory:``) or ``None`` a new in-memory archive, an object with
+``put_many``/``get``/``search`` is used as it is, ``False`` means no archive.
 """
 
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import xxhash
 
 from .errors import ArchiveError, ConfigError
+from .stores.shared import FAILED, FailOpen
+from .stores.sqlite_store import SQLiteBackend
 
 __all__ = [
     "HANDLE_PREFIX",
@@ -39,6 +45,7 @@ __all__ = [
     "ArchivedItem",
     "MemoryArchive",
     "SQLiteArchive",
+    "SharedArchive",
     "handle_of",
     "is_handle",
     "open_archive",
@@ -122,112 +129,178 @@ class MemoryArchive:
         return len(self._items)
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS dropped (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    handle TEXT NOT NULL UNIQUE,
-    text TEXT NOT NULL,
-    skim TEXT NOT NULL DEFAULT ''
-)
-"""
+_CACHE_ITEMS = 512
+_CACHE_CHARS = 32 * 1024 * 1024
+_WRITTEN = 65_536  # handles this process knows are stored: not sent again
+_MAX_PENDING = 4096  # items written while the backend was down, written back on recovery
 
 
-class SQLiteArchive:
-    """An archive in a SQLite file (WAL; files 0600, a created folder 0700).
+class SharedArchive:
+    """An archive on a shared backend (``agentcompact.stores``: a SQLite file, a Redis
+    server), the same backends and URL as the prefix store: replicas given one ``--store``
+    URL expand what any of them dropped.
 
-    One connection per archive, shared by threads under a lock; other processes (the MCP
-    server beside a proxy) open the same file and see committed items.
+    Fail-open, like the prefix store: a backend call that fails never fails a compaction
+    or an expand. It is warned about once, counted (``status()``); items written meanwhile
+    stay in this process (served by ``get`` and ``search``) and are written back when the
+    backend answers again (tried at most every ``retry_after`` seconds). A process keeps
+    the items it wrote or read last (content-addressed: a cached item is always right).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        try:
-            if not self.path.parent.exists():
-                self.path.parent.mkdir(parents=True, mode=0o700)
-            _touch_private(self.path)
-            self._db = sqlite3.connect(self.path, check_same_thread=False,
-                                       isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(_SCHEMA)
-            self._db.create_function("casefold", 1, _casefold, deterministic=True)
-        except (OSError, sqlite3.Error) as exc:
-            raise ArchiveError(f"cannot open the archive {str(self.path)!r}: "
-                               f"{type(exc).__name__}: {exc}") from exc
-        for suffix in ("-wal", "-shm"):
-            companion = self.path.with_name(self.path.name + suffix)
-            if companion.exists():
-                os.chmod(companion, 0o600)
-        self._lock = threading.Lock()
+    def __init__(self, backend: Any, *, retry_after: float = 5.0) -> None:
+        self.backend = backend
+        self._lock = threading.RLock()
+        self._recent: OrderedDict[str, ArchivedItem] = OrderedDict()
+        self._recent_chars = 0
+        self._written: OrderedDict[str, None] = OrderedDict()
+        self._pending: OrderedDict[str, ArchivedItem] = OrderedDict()
+        self._guard = FailOpen(backend, "archive", "keeping dropped originals in this "
+                               "process", retry_after, lambda: len(self._pending))
+        self._stats = {"written": 0, "written_back": 0, "fetched": 0}
 
     def put_many(self, items: Iterable[ArchivedItem]) -> None:
-        rows = []
+        batch: dict[str, ArchivedItem] = {}
         for item in items:
             _check_item(item)
-            rows.append((item.handle, item.text, item.skim))
-        if not rows:
-            return
+            batch.setdefault(item.handle, item)
         with self._lock:
-            try:
-                self._db.executemany(
-                    "INSERT OR IGNORE INTO dropped (handle, text, skim) VALUES (?, ?, ?)", rows)
-            except sqlite3.Error as exc:
-                raise ArchiveError(f"cannot write to the archive {str(self.path)!r}: "
-                                   f"{type(exc).__name__}") from exc
+            if self._pending:
+                self._write_back()
+            new = [it for h, it in batch.items()
+                   if h not in self._written and h not in self._pending]
+            for item in new:
+                self._remember(item)
+            if not new:
+                return
+            if self._guard.call("archive_put", [_row(it) for it in new]) is FAILED:
+                for item in new:
+                    self._pending[item.handle] = item
+                while len(self._pending) > _MAX_PENDING:
+                    self._pending.popitem(last=False)
+                return
+            self._stats["written"] += len(new)
+            self._mark_written(it.handle for it in new)
 
     def get(self, handle: str) -> ArchivedItem | None:
         with self._lock:
-            row = self._db.execute("SELECT handle, text, skim FROM dropped WHERE handle = ?",
-                                   (handle,)).fetchone()
-        return ArchivedItem(*row) if row else None
+            hit = self._recent.get(handle) or self._pending.get(handle)
+            if hit is not None:
+                return hit
+            row = self._guard.call("archive_get", handle)
+            if row is FAILED or row is None:
+                return None
+            self._stats["fetched"] += 1
+            item = ArchivedItem(*row)
+            self._remember(item)
+            return item
 
     def search(self, query: str, limit: int = 10) -> list[ArchivedItem]:
         if not query:
             return []
+        limit = max(0, limit)
+        needle = query.casefold()
         with self._lock:
-            rows = self._db.execute(
-                "SELECT handle, text, skim FROM dropped WHERE instr(casefold(text), ?) > 0 "
-                "ORDER BY seq DESC LIMIT ?", (query.casefold(), max(0, limit))).fetchall()
-        return [ArchivedItem(*r) for r in rows]
+            found = [it for it in reversed(self._pending.values())
+                     if needle in it.text.casefold()]
+            rows = self._guard.call("archive_search", query, limit)
+            if rows is FAILED:  # what this process holds
+                rows = [_row(it) for it in reversed(self._recent.values())
+                        if needle in it.text.casefold()]
+        seen = {it.handle for it in found}
+        found += [ArchivedItem(*r) for r in rows if r[0] not in seen]
+        return found[:limit]
 
     def __len__(self) -> int:
         with self._lock:
-            return int(self._db.execute("SELECT count(*) FROM dropped").fetchone()[0])
+            count = self._guard.call("archive_count")
+            return len(self._pending) + (len(self._recent) if count is FAILED else count)
+
+    def status(self) -> dict[str, Any]:
+        """Counters for a status page: backend, availability, failures, writes."""
+        with self._lock:
+            return {**self._guard.status(), "cached": len(self._recent),
+                    "pending_write_back": len(self._pending), **self._stats}
 
     def close(self) -> None:
-        """Close the connection (``open_archive`` opens a new one for this path after)."""
+        """Close the backend's connection (``open_archive`` opens a new archive for this
+        file after)."""
         with _open_lock:
             for key, found in list(_open.items()):
                 if found is self:
                     del _open[key]
-        with self._lock:
-            self._db.close()
+        self.backend.close()
+
+    def _write_back(self) -> None:
+        items = list(self._pending.values())
+        if self._guard.call("archive_put", [_row(it) for it in items]) is FAILED:
+            return
+        self._pending.clear()
+        self._stats["written_back"] += len(items)
+        self._mark_written(it.handle for it in items)
+
+    def _mark_written(self, handles: Iterable[str]) -> None:
+        for handle in handles:
+            self._written[handle] = None
+        while len(self._written) > _WRITTEN:
+            self._written.popitem(last=False)
+
+    def _remember(self, item: ArchivedItem) -> None:
+        old = self._recent.pop(item.handle, None)
+        if old is not None:
+            self._recent_chars -= len(old.text)
+        self._recent[item.handle] = item
+        self._recent_chars += len(item.text)
+        while len(self._recent) > 1 and (len(self._recent) > _CACHE_ITEMS
+                                         or self._recent_chars > _CACHE_CHARS):
+            _, evicted = self._recent.popitem(last=False)
+            self._recent_chars -= len(evicted.text)
 
 
-def _casefold(text: object) -> str:
-    """Case-insensitive search beyond ASCII (sqlite's ``lower`` folds ASCII only)."""
-    return text.casefold() if isinstance(text, str) else ""
+def _row(item: ArchivedItem) -> tuple[str, str, str]:
+    return item.handle, item.text, item.skim
 
 
-def _touch_private(path: Path) -> None:
-    """Create ``path`` 0600 if absent (sqlite would create it with the umask's mode)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    os.close(fd)
-    if path.stat().st_mode & 0o077:
-        os.chmod(path, 0o600)
+class SQLiteArchive(SharedArchive):
+    """An archive in a SQLite file (WAL; files 0600, a created folder 0700): the
+    ``dropped`` table of the prefix store's SQLite backend, so one file can hold both.
+
+    Other processes (the MCP server beside a proxy) open the same file and see committed
+    items. The file is opened on first use; one that cannot be (a read-only folder) is
+    fail-open as for every ``SharedArchive``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, retry_after: float = 5.0) -> None:
+        self.path = Path(path)
+        super().__init__(SQLiteBackend(self.path), retry_after=retry_after)
 
 
-_open: dict[str, SQLiteArchive] = {}
+_open: dict[str, SharedArchive] = {}
 _open_lock = threading.Lock()
+_URL_SCHEMES = ("sqlite:", "redis:", "rediss:", "unix:")
 
 
 def open_archive(spec: object) -> Archive | None:
-    """The archive a strategy setting names (see the module docstring); a path opens one
-    ``SQLiteArchive`` per file and process, shared by every strategy naming it."""
+    """The archive a strategy setting names (see the module docstring); a path or a store
+    URL opens one ``SharedArchive`` per file (or URL) and process, shared by every strategy
+    naming it.
+
+    :raises StoreError: a store URL that does not parse (as ``store_from_url``).
+    """
     if spec is False:
         return None
-    if spec is None or spec == ":memory:":
+    if spec is None or spec == ":memory:" or (
+            isinstance(spec, str) and spec.partition(":")[0].lower() == "memory"):
         return MemoryArchive()
+    if isinstance(spec, str) and spec.lower().startswith(_URL_SCHEMES):
+        from .stores import backend_from_url
+
+        with _open_lock:
+            found = _open.get(spec)
+            if found is None:
+                backend, options = backend_from_url(spec)
+                found = _open[spec] = SharedArchive(
+                    backend, retry_after=options.get("retry_after", 5.0))
+        return found
     if isinstance(spec, (str, os.PathLike)):
         key = os.path.realpath(os.path.expanduser(os.fspath(spec)))
         with _open_lock:  # one connection per file and process (a proxy has many engines)

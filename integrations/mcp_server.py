@@ -1,21 +1,24 @@
 """``agentcompact mcp``: the expand tools as an MCP server (stdio), over an archive file.
 
-The proxy writes what it compacts away into an archive file (``agentcompact proxy
---archive PATH``); this server lets Claude Code or Codex expand it, with the official
-``mcp`` Python SDK (extra ``mcp``). Tools: ``expand(handle, offset=0)`` and
-``search_dropped(query, limit=10)``, returning the originals verbatim.
+The proxy writes what it compacts away into the archive beside its store (by default
+the SQLite file ``~/.agentcompact/store.sqlite``; ``--store redis://…`` for replicas;
+``--archive PATH`` for a file of its own); this server lets Claude Code or Codex expand
+it, with the official ``mcp`` Python SDK (extra ``mcp``). Tools: ``expand(handle,
+offset=0)`` and ``search_dropped(query, limit=10)``, returning the originals verbatim.
 
-Claude Code::
+Claude Code, beside a proxy with the default store::
 
-    claude mcp add agentcompact -- agentcompact mcp --archive ~/.agentcompact/archive.sqlite
+    claude mcp add agentcompact -- agentcompact mcp
 
-Codex (``~/.codex/config.toml``)::
+Codex (``~/.codex/config.toml``), beside replicas sharing a Redis store::
 
     [mcp_servers.agentcompact]
     command = "agentcompact"
-    args = ["mcp", "--archive", "/home/me/.agentcompact/archive.sqlite"]
+    args = ["mcp", "--store", "redis://10.0.0.5:6379/0"]
 
-The archive path may also come from ``AGENTCOMPACT_ARCHIVE``.
+Which archive: ``--archive PATH`` (or ``AGENTCOMPACT_ARCHIVE``), else ``--store URL`` (or
+``AGENTCOMPACT_STORE``), else the proxy's default store (``--state-dir`` /
+``AGENTCOMPACT_STATE_DIR``) — as ``agentcompact proxy`` chooses it.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import os
 import sys
 from typing import Any
 
-from ..archive import SQLiteArchive
+from ..archive import open_archive
 from ..expand import DEFAULT_PAGE_CHARS
+from ..stores import default_store_url
 from .expand_tools import EXPAND_DESCRIPTION, SEARCH_DESCRIPTION, _functions
 
 __all__ = ["add_parser", "build_server", "run"]
@@ -48,9 +52,10 @@ def _server_class() -> Any:
         return importlib.import_module("mcp.server.fastmcp").FastMCP
 
 
-def build_server(archive_path: str, page_chars: int = DEFAULT_PAGE_CHARS) -> Any:
-    """The MCP server object (not started) serving the archive at ``archive_path``."""
-    expand, search_dropped = _functions(SQLiteArchive(archive_path), page_chars)
+def build_server(archive: str, page_chars: int = DEFAULT_PAGE_CHARS) -> Any:
+    """The MCP server object (not started) serving the archive ``archive`` names: a
+    SQLite file, or a store URL (``sqlite:///PATH``, ``redis://HOST:PORT``)."""
+    expand, search_dropped = _functions(open_archive(archive), page_chars)
     server = _server_class()("agentcompact", instructions=_INSTRUCTIONS)
     server.tool(name="expand", description=EXPAND_DESCRIPTION)(expand)
     server.tool(name="search_dropped", description=SEARCH_DESCRIPTION)(search_dropped)
@@ -61,16 +66,23 @@ def add_parser(sub: Any) -> None:
     parser = sub.add_parser("mcp", help="serve expand/search_dropped over an archive (MCP, "
                                         "stdio)")
     parser.add_argument("--archive", default=os.environ.get("AGENTCOMPACT_ARCHIVE"),
-                        help="the archive file (default: $AGENTCOMPACT_ARCHIVE)")
+                        help="an archive file of its own (the proxy's --archive; default "
+                             "$AGENTCOMPACT_ARCHIVE)")
+    parser.add_argument("--store", default=os.environ.get("AGENTCOMPACT_STORE"),
+                        help="the proxy's store URL, whose archive to serve (default "
+                             "$AGENTCOMPACT_STORE, else the proxy's default store)")
+    parser.add_argument("--state-dir", default=os.environ.get("AGENTCOMPACT_STATE_DIR"),
+                        help="the proxy's --state-dir, for its default store")
     parser.add_argument("--page-chars", type=int, default=DEFAULT_PAGE_CHARS,
                         help="characters per expand page")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.archive:
-        print("agentcompact mcp: give --archive PATH (or set AGENTCOMPACT_ARCHIVE)",
-              file=sys.stderr)
+    where = args.archive or args.store or default_store_url(args.state_dir)
+    if where.partition(":")[0].lower() == "memory":
+        print("agentcompact mcp: a memory store is the proxy's own; give the proxy a "
+              "sqlite:// or redis:// --store (or --archive PATH)", file=sys.stderr)
         return 2
     try:
         _server_class()
@@ -78,5 +90,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentcompact mcp is unavailable ({exc}); pip install 'agentcompact[mcp]'",
               file=sys.stderr)
         return 2
-    build_server(args.archive, args.page_chars).run("stdio")
+    build_server(where, args.page_chars).run("stdio")
     return 0

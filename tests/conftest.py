@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -21,3 +22,16 @@ def needs_shared_data(*parts: str) -> pytest.MarkDecorator:
     """Skip unless ``../shared/data/<parts>`` exists."""
     path = SHARED_DATA.joinpath(*parts)
     return pytest.mark.skipif(not path.exists(), reason=f"shared data absent: {path}")
+
+
+@pytest.fixture(autouse=True)
+def _private_state_dir(monkeypatch: pytest.MonkeyPatch,
+                       tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each test's proxies keep their default store (``AGENTCOMPACT_STATE_DIR``) in a
+    folder of their own, never in ``~/.agentcompact`` nor shared with another test (the
+    folder is made only when a store opens it)."""
+    base = tmp_path_factory.getbasetemp()
+    monkeypatch.setenv("AGENTCOMPACT_STATE_DIR", str(base / f"state-{next(_STATE_DIRS)}"))
+
+
+_STATE_DIRS = itertools.count()

@@ -1,5 +1,9 @@
 """Prefix stores past one process: ``store_from_url`` and the shared backends.
 
+One URL names where the prefix store and the archive of dropped originals live
+(``agentcompact.archive.open_archive(url)``): they share the backend (one SQLite file,
+one Redis server) under keys that never collide.
+
 =========================  ==================================================
 ``memory:``                ``InMemoryPrefixStore`` — this process only
 ``sqlite:///PATH``         SQLite file (WAL) — processes on one machine; PATH as
@@ -15,6 +19,9 @@ Query options: SQLite ``max_entries``; Redis ``prefix``, ``ttl``, ``log_max``,
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from ..errors import StoreError
@@ -22,7 +29,25 @@ from ..store import InMemoryPrefixStore, PrefixStore
 from .codec import decode_entry, encode_entry
 from .shared import Backend, SharedPrefixStore
 
-__all__ = ["Backend", "SharedPrefixStore", "decode_entry", "encode_entry", "store_from_url"]
+__all__ = ["DEFAULT_STORE_FILE", "Backend", "SharedPrefixStore", "backend_from_url",
+           "decode_entry", "default_state_dir", "default_store_url", "encode_entry",
+           "store_from_url"]
+
+DEFAULT_STORE_FILE = "store.sqlite"
+"""The proxy's default store in its state folder: prefixes and archive in one file."""
+
+
+def default_state_dir() -> Path:
+    """Where the proxy keeps its state by default: ``$AGENTCOMPACT_STATE_DIR``, else
+    ``~/.agentcompact`` (created 0700 on first use)."""
+    configured = os.environ.get("AGENTCOMPACT_STATE_DIR")
+    return Path(configured).expanduser() if configured else Path.home() / ".agentcompact"
+
+
+def default_store_url(state_dir: str | os.PathLike[str] | None = None) -> str:
+    """``sqlite:///<state_dir>/store.sqlite`` (``default_state_dir()`` when not given)."""
+    folder = Path(state_dir).expanduser() if state_dir else default_state_dir()
+    return "sqlite:///" + str(folder.absolute() / DEFAULT_STORE_FILE)
 
 _SHARED_OPTIONS = {"cache_entries": int, "retry_after": float, "max_staleness": float}
 
@@ -33,9 +58,20 @@ def store_from_url(url: str) -> PrefixStore:
     :raises StoreError: an unknown scheme or option, or a value that does not parse (the
         message names the scheme or option, never a password).
     """
-    scheme = url.partition(":")[0].lower()
-    if scheme == "memory":
+    if url.partition(":")[0].lower() == "memory":
         return InMemoryPrefixStore()
+    backend, shared = backend_from_url(url)
+    return SharedPrefixStore(backend, **shared)
+
+
+def backend_from_url(url: str) -> tuple[Backend, dict[str, Any]]:
+    """The backend a ``sqlite:`` or ``redis:`` URL names, and the ``SharedPrefixStore``
+    options in its query (the archive of the same URL, ``agentcompact.archive``, reads
+    ``retry_after``).
+
+    :raises StoreError: as ``store_from_url``; ``memory:`` has no backend.
+    """
+    scheme = url.partition(":")[0].lower()
     base, _, raw_query = url.partition("?")
     query = {k: v[-1] for k, v in parse_qs(raw_query).items()}
     try:
@@ -46,7 +82,7 @@ def store_from_url(url: str) -> PrefixStore:
             raise
         raise StoreError(f"{scheme} store URL: an option value does not parse "
                          f"({type(exc).__name__})") from None
-    return SharedPrefixStore(backend, **shared)
+    return backend, shared
 
 
 def _backend(scheme: str, base: str, query: dict[str, str]) -> Backend:

@@ -8,7 +8,15 @@ Keys, under a namespace (``agentcompact:`` by default):
 - ``<ns>log`` — the keys of the last ``log_max`` saves, oldest first;
 - ``<ns>epoch`` — a random id set by the first save after the server lost its data (a
   restart without persistence, ``FLUSHALL``): the counter starts again then, and a reader
-  that knew another epoch re-reads every key.
+  that knew another epoch re-reads every key;
+- ``<ns>a:<handle>`` — an archived original (``agentcompact.archive``): a hash of its text
+  ``t`` and skim line ``s`` (UTF-8, lone surrogates kept), with the same TTL;
+- ``<ns>alog`` — the handles archived, oldest first (the last ``log_max``): what
+  ``search_dropped`` reads, newest first.
+
+Prefix keys (``e:``) and handles (``a:``, always ``ac-`` and 12 hex digits) never collide.
+An archive write is one Lua script: each new handle's hash, its TTL and its place in the
+log together, an existing handle left as it is.
 
 A save is one ``MULTI``/``EXEC`` transaction (entry, counter, log), so a reader sees a
 whole entry or none. "Nothing saved since counter n" is one ``MGET`` (counter, epoch);
@@ -20,8 +28,11 @@ server lost its data) the caller re-reads every key (``SCAN``).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+from .shared import ArchiveRow
 
 __all__ = ["RedisBackend"]
 
@@ -35,6 +46,22 @@ local n = seq - since
 if since < 0 or n < 0 or n > redis.call('LLEN', KEYS[2]) then return {seq, -1, epoch} end
 return {seq, 1, epoch, redis.call('LRANGE', KEYS[2], -n, -1)}
 """
+
+_ARCHIVE = """
+local ttl, log_max, added = tonumber(ARGV[1]), tonumber(ARGV[2]), 0
+for i = 1, #KEYS do
+  local at = 3 * i + 1
+  if redis.call('EXISTS', KEYS[i]) == 0 then
+    redis.call('HSET', KEYS[i], 't', ARGV[at], 's', ARGV[at + 1])
+    if ttl > 0 then redis.call('EXPIRE', KEYS[i], ttl) end
+    redis.call('RPUSH', ARGV[3], ARGV[at + 2])
+    added = added + 1
+  end
+end
+if added > 0 then redis.call('LTRIM', ARGV[3], -log_max, -1) end
+return added
+"""
+_SEARCH_BATCH = 256
 
 
 class RedisBackend:
@@ -71,6 +98,8 @@ class RedisBackend:
             urlunsplit(parts._replace(query=rest)), socket_timeout=timeout,
             socket_connect_timeout=timeout, health_check_interval=30)
         self._changes = self._redis.register_script(_CHANGES)
+        self._archive = self._redis.register_script(_ARCHIVE)
+        self._alog = f"{self.prefix}alog"
         self._seq, self._log = f"{self.prefix}seq", f"{self.prefix}log"
         self._epoch_key = f"{self.prefix}epoch"
         self._epoch: bytes | None = None  # the epoch the last ``changes`` saw (b"": none)
@@ -107,11 +136,63 @@ class RedisBackend:
             match=_glob_escape(self.prefix) + "e:*", count=1000)]
         return seq, found
 
+    # --- archived originals -------------------------------------------------------
+    def archive_put(self, rows: Sequence[ArchiveRow]) -> None:
+        """Store the rows whose handle is new (one script: atomic)."""
+        if not rows:
+            return
+        keys = [self.prefix + "a:" + handle for handle, _, _ in rows]
+        args: list[Any] = [self.ttl, self.log_max, self._alog]
+        for handle, text, skim in rows:
+            args += [_utf8(text), _utf8(skim), handle]
+        self._archive(keys=keys, args=args)
+
+    def archive_get(self, handle: str) -> ArchiveRow | None:
+        text, skim = self._redis.hmget(self.prefix + "a:" + handle, "t", "s")
+        return None if text is None else (handle, _text(text), _text(skim or b""))
+
+    def archive_search(self, query: str, limit: int) -> list[ArchiveRow]:
+        """Rows whose text contains ``query`` case-insensitively, most recent first: the
+        log read newest first in batches, the texts matched here (the server has no
+        case-insensitive substring search)."""
+        needle, end = query.casefold(), -1
+        found: list[ArchiveRow] = []
+        seen: set[bytes] = set()
+        while len(found) < limit:
+            handles = self._redis.lrange(self._alog, end - _SEARCH_BATCH + 1, end)
+            if not handles:
+                break
+            with self._redis.pipeline(transaction=False) as pipe:
+                for h in reversed(handles):
+                    pipe.hmget(self.prefix + "a:" + h.decode(), "t", "s")
+                answers = pipe.execute()
+            for h, (text, skim) in zip(reversed(handles), answers):
+                if h in seen:  # archived again after its hash expired
+                    continue
+                seen.add(h)
+                if text is not None and needle in _text(text).casefold():
+                    found.append((h.decode(), _text(text), _text(skim or b"")))
+            if len(handles) < _SEARCH_BATCH:
+                break
+            end -= _SEARCH_BATCH
+        return found[:max(0, limit)]
+
+    def archive_count(self) -> int:
+        return int(self._redis.llen(self._alog))
+
     def describe(self) -> str:
         return self._where
 
     def close(self) -> None:
         self._redis.close()
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogatepass")
 
 
 def _glob_escape(text: str) -> str:

@@ -27,14 +27,18 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..store import InMemoryPrefixStore, PrefixEntry
 from .codec import decode_entry, encode_entry
 
-__all__ = ["Backend", "SharedPrefixStore"]
+__all__ = ["FAILED", "ArchiveRow", "Backend", "FailOpen", "SharedPrefixStore"]
 
 logger = logging.getLogger(__name__)
+
+ArchiveRow = tuple[str, str, str]
+"""(handle, text, skim) of an archived original, as backends store it."""
 
 _MAX_PENDING = 4096  # entries put while the backend was down, written back on recovery
 
@@ -88,15 +92,13 @@ class SharedPrefixStore:
         self._pending: OrderedDict[str, bytes] = OrderedDict()
         self._counter: int | None = None  # the backend's counter at the last refresh
         self._synced_at = 0.0
-        self._down_until = 0.0
-        self._retry_after = retry_after
         self._max_staleness = max_staleness
         self._lock = threading.RLock()
         self._version = 0
-        self._stats = {"failures": 0, "skipped": 0, "refreshes": 0, "fetched": 0,
-                       "written": 0, "written_back": 0, "undecodable": 0}
-        self._last_error: str | None = None
-        self._warned = False
+        self._guard = FailOpen(backend, "prefix store", "compacting locally", retry_after,
+                               lambda: len(self._pending))
+        self._stats = {"refreshes": 0, "fetched": 0, "written": 0, "written_back": 0,
+                       "undecodable": 0}
 
     # --- PrefixStore --------------------------------------------------------------
     @property
@@ -118,7 +120,7 @@ class SharedPrefixStore:
                 if hit is not None:
                     return hit
             raw = self._call("load", key)
-            if raw is _FAILED:  # backend down: what this process has
+            if raw is FAILED:  # backend down: what this process has
                 return self._cache.get(key)
             if raw is None:  # gone (evicted, expired): forget it
                 self._known.discard(key)
@@ -142,7 +144,7 @@ class SharedPrefixStore:
             if key not in self._known:
                 self._known.add(key)
             self._version += 1
-            if self._call("save", key, data) is _FAILED:
+            if self._call("save", key, data) is FAILED:
                 self._pending[key] = data
                 self._pending.move_to_end(key)
                 while len(self._pending) > _MAX_PENDING:
@@ -159,7 +161,7 @@ class SharedPrefixStore:
         """Bring the index up to date with the backend (one call; none while it is down)."""
         with self._lock:
             result = self._call("changes", self._counter)
-            if result is _FAILED:
+            if result is FAILED:
                 return
             if self._pending:
                 self._write_back()
@@ -168,7 +170,7 @@ class SharedPrefixStore:
             self._synced_at = time.monotonic()
             if keys is None:
                 full = self._call("keys")
-                if full is _FAILED:
+                if full is FAILED:
                     return
                 counter, keys = full
                 self._known = set(keys)
@@ -184,55 +186,82 @@ class SharedPrefixStore:
     def _write_back(self) -> None:
         while self._pending:
             key, data = next(iter(self._pending.items()))
-            if self._call("save", key, data) is _FAILED:
+            if self._call("save", key, data) is FAILED:
                 return
             del self._pending[key]
             self._stats["written_back"] += 1
 
-    # --- failures -----------------------------------------------------------------
-    def _available(self) -> bool:
-        return time.monotonic() >= self._down_until
-
     def _call(self, op: str, *args: Any) -> Any:
-        if not self._available():
-            self._stats["skipped"] += 1
-            return _FAILED
-        try:
-            result = getattr(self.backend, op)(*args)
-        except self.backend.errors as exc:
-            self._fail(op, exc)
-            return _FAILED
-        if self._last_error is not None and self._warned:
-            logger.warning("prefix store %s answers again; %d entries to write back",
-                           self.backend.describe(), len(self._pending))
-            self._warned = False
-        self._last_error = None
-        return result
-
-    def _fail(self, op: str, exc: BaseException) -> None:
-        self._stats["failures"] += 1
-        self._last_error = f"{op}: {type(exc).__name__}"
-        self._down_until = time.monotonic() + self._retry_after
-        if not self._warned:
-            self._warned = True
-            logger.warning("prefix store %s failed (%s in %s); compacting locally, retrying "
-                           "every %.0f s", self.backend.describe(), type(exc).__name__, op,
-                           self._retry_after)
+        return self._guard.call(op, *args)
 
     def status(self) -> dict[str, Any]:
         """Counters for a status page: backend, availability, failures, cache."""
         with self._lock:
-            return {"backend": self.backend.name, "where": self.backend.describe(),
-                    "available": self._last_error is None, "last_error": self._last_error,
-                    "keys": len(self._known), "cached": len(self._cache),
-                    "pending_write_back": len(self._pending), **self._stats}
+            return {**self._guard.status(), "keys": len(self._known),
+                    "cached": len(self._cache), "pending_write_back": len(self._pending),
+                    **self._stats}
 
     def close(self) -> None:
         self.backend.close()
+
+
+class FailOpen:
+    """Calls into a shared backend that never fail their caller: a failure is warned about
+    once (until the backend answers again), counted, and the backend is left alone for
+    ``retry_after`` seconds (an outage costs one timeout per interval, not per call).
+
+    :param what: what the backend serves, for the log lines (``prefix store``, ``archive``).
+    :param meanwhile: what the caller does without it, for the warning.
+    :param pending: how many writes wait for the backend (for the recovery log line).
+    """
+
+    def __init__(self, backend: Any, what: str, meanwhile: str, retry_after: float,
+                 pending: Callable[[], int] = lambda: 0) -> None:
+        self.backend, self.what, self.retry_after = backend, what, retry_after
+        self.meanwhile = meanwhile
+        self._pending = pending
+        self.failures = self.skipped = 0
+        self.last_error: str | None = None
+        self._warned = False
+        self._down_until = 0.0
+
+    def call(self, op: str, *args: Any) -> Any:
+        """``backend.<op>(*args)``, or ``FAILED`` when it raised one of the backend's
+        ``errors`` (or was not tried: the backend failed less than ``retry_after`` ago)."""
+        if time.monotonic() < self._down_until:
+            self.skipped += 1
+            return FAILED
+        try:
+            result = getattr(self.backend, op)(*args)
+        except self.backend.errors as exc:
+            self._fail(op, exc)
+            return FAILED
+        if self.last_error is not None and self._warned:
+            logger.warning("%s %s answers again; %d writes to write back", self.what,
+                           self.backend.describe(), self._pending())
+            self._warned = False
+        self.last_error = None
+        return result
+
+    def _fail(self, op: str, exc: BaseException) -> None:
+        self.failures += 1
+        self.last_error = f"{op}: {type(exc).__name__}"
+        self._down_until = time.monotonic() + self.retry_after
+        if not self._warned:
+            self._warned = True
+            logger.warning("%s %s failed (%s in %s); %s, retrying every %.0f s", self.what,
+                           self.backend.describe(), type(exc).__name__, op, self.meanwhile,
+                           self.retry_after)
+
+    def status(self) -> dict[str, Any]:
+        """Backend, where it is, availability and the failure counters."""
+        return {"backend": self.backend.name, "where": self.backend.describe(),
+                "available": self.last_error is None, "last_error": self.last_error,
+                "failures": self.failures, "skipped": self.skipped}
 
 
 class _Failed:
     """Marker: a backend call failed or was skipped (``None`` is a valid answer)."""
 
 
-_FAILED: Any = _Failed()
+FAILED: Any = _Failed()

@@ -312,6 +312,10 @@ class _Done:
     breaks: list[str]
     incomplete: bool
     records: list[logging.LogRecord] = field(default_factory=list)
+    #: counted where it was made (``_accept``): its counts, and whether it is written —
+    #: a runner whose workers write the shards sends these, not the rows (``ray_export``)
+    counted: _Counts | None = None
+    kept: bool = True
 
 
 class _Context:
@@ -634,10 +638,17 @@ def _lists(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class _Writer:
-    """Segment shards (cut at group boundaries) and the episode table."""
+    """Segment shards (cut at group boundaries) and the episode table.
 
-    def __init__(self, out: Path, opts: ExportOptions) -> None:
+    :param episodes: write the episode table (``False``: segment shards only).
+    :param first_shard: the number of the first shard written (a worker writing one shard
+        of an export, ``ray_export``).
+    """
+
+    def __init__(self, out: Path, opts: ExportOptions, *, episodes: bool = True,
+                 first_shard: int = 0) -> None:
         self.out, self.opts = out, opts
+        self.with_episodes, self.first_shard = episodes, first_shard
         self.files: list[dict[str, Any]] = []
         self._shard: Any = None
         self._buffer: list[dict[str, Any]] = []
@@ -647,11 +658,14 @@ class _Writer:
         self.episode_rows = 0
         ext = "parquet" if opts.fmt == "parquet" else "jsonl"
         self.episodes_path = out / f"episodes.{ext}"
-        if opts.fmt == "jsonl":
+        if opts.fmt == "jsonl" and episodes:
             self._ep_writer = open(self.episodes_path, "wb")  # noqa: SIM115 - closed in close()
 
+    def shard_name(self, number: int) -> str:
+        return f"segments-{number:05d}.{self.opts.fmt}"
+
     def _open_shard(self) -> None:
-        name = f"segments-{len(self.files):05d}.{self.opts.fmt}"
+        name = self.shard_name(self.first_shard + len(self.files))
         self.files.append({"path": name, "rows": 0})
         path = self.out / name
         if self.opts.fmt == "parquet":
@@ -676,6 +690,8 @@ class _Writer:
         self._add_episode(episode)
 
     def _add_episode(self, episode: dict[str, Any]) -> None:
+        if not self.with_episodes:
+            return
         self.episode_rows += 1
         episode = dict(episode, episode_reward=float(np.float32(episode["episode_reward"])))
         if self.opts.fmt == "jsonl":
@@ -712,6 +728,8 @@ class _Writer:
     def close(self) -> None:
         if self._shard is not None:
             self._close_shard()
+        if not self.with_episodes:
+            return
         if self.opts.fmt == "parquet":
             self._flush_episodes()
             if self._ep_writer is None:  # no episodes: still write an empty table
@@ -762,6 +780,16 @@ class _Counts:
                     np.count_nonzero(np.asarray(r["advantages"])[mask] == 0))
         for reason in done.breaks:
             self.breaks[reason] = self.breaks.get(reason, 0) + 1
+
+    def merge(self, other: _Counts) -> None:
+        """Add the counts of ``other`` (one episode's, counted by a worker): in episode
+        order, the same counts as ``add`` in this process (``breaks`` in the same order)."""
+        for name, value in vars(other).items():
+            if name == "breaks":
+                for reason, n in value.items():
+                    self.breaks[reason] = self.breaks.get(reason, 0) + n
+            else:
+                setattr(self, name, getattr(self, name) + value)
 
 
 def _progress(enabled: bool) -> Any:
@@ -871,7 +899,7 @@ def _export_logs(
     episodes = (runner or _Episodes)(_Context(index.logs, tok, opts),
                                      _workers(opts, total, start_method), start_method)
     with episodes:  # worker processes (if any) start before the writer opens files
-        writer = _Writer(out, opts)
+        writer = getattr(episodes, "writer", _Writer)(out, opts)  # Ray: workers write
         try:
             with _progress(opts.progress) as bar:
                 task = bar.add_task("export", total=total, segments=0)
@@ -883,11 +911,12 @@ def _export_logs(
                 for size in sizes:
                     for _ in range(size):
                         done = next(results)
-                        if not _length_policy(done, opts, counts):
+                        if done.counted is not None:  # counted by the worker
+                            counts.merge(done.counted)
+                        elif not _accept(done, opts, counts, recompute):
                             continue
-                        if recompute is not None:
-                            done.rows = recompute(done.rows)
-                        counts.add(done)
+                        if not done.kept:
+                            continue
                         writer.add(done.rows, done.episode)
                         bar.update(task, advance=1, segments=counts.segments)
                     writer.end_group()
@@ -913,6 +942,17 @@ def _warn_zero_advantages(opts: ExportOptions, counts: _Counts) -> None:
             "advantage 0 and will not be trained; without a critic use grpo, or gae-chain "
             "with gamma = lam = 1", opts.advantage, opts.gamma, opts.lam, zero,
             counts.loss_tokens)
+
+
+def _accept(done: _Done, opts: ExportOptions, counts: _Counts, recompute: Any) -> bool:
+    """Length policy, logprob recomputation and counts of one episode: ``False`` when it
+    is dropped (not written)."""
+    if not _length_policy(done, opts, counts):
+        return False
+    if recompute is not None:
+        done.rows = recompute(done.rows)
+    counts.add(done)
+    return True
 
 
 def _length_policy(done: _Done, opts: ExportOptions, counts: _Counts) -> bool:

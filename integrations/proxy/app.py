@@ -17,12 +17,13 @@ original bytes (fail-open).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sized
+from collections.abc import AsyncIterator, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -159,9 +160,15 @@ class CompactionProxy:
 
     def __init__(self, config: ProxyConfig, *, plugins: pluggy.PluginManager | None = None,
                  store: PrefixStore | None = None) -> None:
-        self.config = config
         self.pm = plugins if plugins is not None else get_plugin_manager()
-        self.store = store if store is not None else _store(config.store)
+        self.store = store if store is not None else _store(config.store_url())
+        #: the archive of dropped originals, beside the store (``None``: the strategy
+        #: keeps none, or ``--archive`` names its own file)
+        self.archive = _archive(config, self.pm)
+        if self.archive is not None:
+            config = config.replace(strategy_options={**config.strategy_options,
+                                                      "archive": self.archive})
+        self.config = config
         self.engines = EnginePool(config, self.pm, self.store)
         #: recent bodies with their parsed messages: a session's next request only parses
         #: what is new (and keeps the engine's per-message caches hitting, by identity)
@@ -193,7 +200,7 @@ class CompactionProxy:
             target=self.engines.budget.target, shadow=c.shadow, strict=c.strict,
             recording=c.record is not None,
             store_entries=len(self.store) if isinstance(self.store, Sized) else None,
-            store=_store_status(self.store),
+            store=_store_status(self.store), archive=_store_status(self.archive),
             parse_reuse={"bodies": len(self.bodies), "hits": self.bodies.hits,
                          "partial_hits": self.bodies.partial_hits,
                          "misses": self.bodies.misses},
@@ -624,7 +631,25 @@ def _store(url: str) -> PrefixStore:
     return store_from_url(url)
 
 
-def _store_status(store: PrefixStore) -> dict[str, Any] | None:
+def _archive(config: ProxyConfig, pm: pluggy.PluginManager) -> Any:
+    """The archive of the store URL, for a strategy that takes one (``archive``) and has
+    none set; else ``None``."""
+    from agentcompact.archive import open_archive
+
+    factory = registry(pm).strategy_factory(config.strategy)
+    if "archive" in config.strategy_options or "archive" not in _parameters(factory):
+        return None
+    return open_archive(config.store_url())
+
+
+def _parameters(factory: Any) -> Mapping[str, Any]:
+    try:
+        return inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return {}
+
+
+def _store_status(store: object) -> dict[str, Any] | None:
     """A shared store's counters (backend, availability, failures), else ``None``."""
     status = getattr(store, "status", None)
     return status() if callable(status) else None

@@ -60,12 +60,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     a("--no-reactive", dest="reactive", action="store_false", default=None,
       help="do not compact and replay after a provider context-length error")
     a("--max-sessions", type=int, help="sessions kept in memory (default 256)")
-    a("--archive", metavar="FILE", help="SQLite file archiving what compaction drops "
-                                         "(served by 'agentcompact mcp --archive FILE')")
+    a("--archive", metavar="FILE", help="SQLite file archiving what compaction drops, "
+                                         "instead of the store (served by 'agentcompact "
+                                         "mcp --archive FILE')")
     a("--quiet", dest="log_requests", action="store_false", default=None,
       help="no per-request JSON log lines")
     a("--store", metavar="URL",
-      help="prefix store shared by replicas: memory: (default), sqlite:///PATH, redis://HOST")
+      help="where compacted prefixes and dropped originals live, shared by replicas: "
+           "sqlite:///PATH, redis://HOST:PORT, or memory (this process only); default "
+           "sqlite in --state-dir")
+    a("--state-dir", metavar="DIR",
+      help="folder of the default store (default $AGENTCOMPACT_STATE_DIR or ~/.agentcompact)")
     a("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -74,7 +79,7 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
     overrides = {k: getattr(args, k, None) for k in (
         "host", "port", "strategy", "trigger", "target", "counter", "anthropic_upstream",
         "openai_upstream", "record", "shadow", "strict", "debug_dir", "reactive",
-        "max_sessions", "log_requests", "store", "archive")}
+        "max_sessions", "log_requests", "store", "state_dir", "archive")}
     options = _options(getattr(args, "strategy_option", None) or [])
     if options:
         overrides["strategy_options"] = options

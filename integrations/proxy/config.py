@@ -50,10 +50,15 @@ class ProxyConfig:
     :param connect_timeout: seconds to connect to an upstream.
     :param read_timeout: seconds between two bytes of an upstream answer.
     :param log_requests: emit one JSON log line per handled request.
-    :param store: prefix store URL (``memory:``, ``sqlite:///PATH``, ``redis://HOST:PORT``):
-        replicas given one shared URL send the same compacted prefixes (docs/deploy.md).
-    :param archive: SQLite file where the cliff strategy archives what it drops or
-        truncates (``strategy_options["archive"]``); ``agentcompact mcp --archive`` serves
+    :param store: where compacted prefixes and the archive of dropped originals live
+        (``memory:``, ``sqlite:///PATH``, ``redis://HOST:PORT``); default (``None``): the
+        SQLite file ``store.sqlite`` in ``state_dir``, so a restart keeps every session's
+        prefix. Replicas given one shared URL send the same compacted prefixes and expand
+        what any of them dropped (docs/deploy.md). ``memory:`` keeps both in the process.
+    :param state_dir: the folder of the default store (default ``$AGENTCOMPACT_STATE_DIR``,
+        else ``~/.agentcompact``; created 0700).
+    :param archive: a SQLite file for the archive of dropped originals instead of the
+        store's (``strategy_options["archive"]``); ``agentcompact mcp --archive`` serves
         expand from it.
     """
 
@@ -75,7 +80,8 @@ class ProxyConfig:
     connect_timeout: float = 30.0
     read_timeout: float = 600.0
     log_requests: bool = True
-    store: str = "memory:"
+    store: str | None = None
+    state_dir: str | None = None
     archive: str | None = None
 
     def __post_init__(self) -> None:
@@ -92,6 +98,12 @@ class ProxyConfig:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{name} must be an http(s) URL, got {url!r}")
             setattr(self, name, url.rstrip("/"))
+
+    def store_url(self) -> str:
+        """``store``, or the default SQLite file in ``state_dir``."""
+        from agentcompact.stores import default_store_url
+
+        return self.store or default_store_url(self.state_dir)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ProxyConfig:

@@ -29,7 +29,7 @@ def free_port() -> int:
 class ProxyProcess:
     """``agentcompact proxy`` in a subprocess; ``start()`` waits for its status page."""
 
-    def __init__(self, upstream: str, store: str, *, extra: Sequence[str] = (),
+    def __init__(self, upstream: str, store: str | None, *, extra: Sequence[str] = (),
                  log: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.upstream, self.store, self.extra, self.log = upstream, store, list(extra), log
         self.env = env or {}
@@ -42,8 +42,9 @@ class ProxyProcess:
 
     def start(self) -> ProxyProcess:
         env = dict(os.environ, PYTHONHASHSEED="0", **self.env)
+        store = [] if self.store is None else ["--store", self.store]  # None: the default
         args = [*CLI, "--port", str(self.port), "--anthropic-upstream", self.upstream,
-                "--openai-upstream", self.upstream, "--store", self.store, "--quiet",
+                "--openai-upstream", self.upstream, *store, "--quiet",
                 "--log-level", "WARNING", *self.extra]
         if self.log is None:
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
@@ -84,7 +85,9 @@ def session_turn(turns: int) -> dict[str, Any]:
             "messages": anthropic_history(turns)}
 
 
-def send(proxy: ProxyProcess, body: dict[str, Any]) -> None:
-    answer = httpx.post(proxy.url + "/v1/messages", json=body, timeout=60,
-                        headers={"x-api-key": "sk-test", "anthropic-version": "2023-06-01"})
+def send(proxy: ProxyProcess, body: dict[str, Any], session: str | None = None) -> None:
+    headers = {"x-api-key": "sk-test", "anthropic-version": "2023-06-01"}
+    if session is not None:
+        headers["x-session-id"] = session
+    answer = httpx.post(proxy.url + "/v1/messages", json=body, timeout=60, headers=headers)
     assert answer.status_code == 200, answer.status_code

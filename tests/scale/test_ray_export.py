@@ -37,16 +37,23 @@ def tok() -> ChatTokenizer:
     return ChatTokenizer.from_pretrained(QWEN_TOKENIZER)
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize(("fmt", "workers_write"),
+                         [("parquet", True), ("jsonl", True), ("jsonl", False)])
 def test_ray_export_is_byte_identical_to_the_local_one(
-        fmt: str, tmp_path: Path, tok: ChatTokenizer, local_ray: None) -> None:
+        fmt: str, workers_write: bool, tmp_path: Path, tok: ChatTokenizer,
+        local_ray: None) -> None:
+    """The shards written by Ray tasks from the workers' spill files (or, with
+    ``workers_write=False``, by the driver): the local export's files, nothing more."""
     logs = many_runs(tmp_path)
     # rows_per_shard=3: several shards, each cut at a group boundary
     local = export_runs(logs, tmp_path / "local", tok,
                         ExportOptions(fmt=fmt, rows_per_shard=3, workers=1))
     on_ray = export_runs_ray(logs, tmp_path / "ray", tok,
-                             ExportOptions(fmt=fmt, rows_per_shard=3), batch_size=2)
+                             ExportOptions(fmt=fmt, rows_per_shard=3), batch_size=2,
+                             workers_write=workers_write)
     assert len(local["files"]["segments"]) >= 3
+    assert sorted(p.name for p in (tmp_path / "ray").iterdir()) == sorted(
+        p.name for p in (tmp_path / "local").iterdir())  # the spill folder is gone
     assert files_of(tmp_path / "ray") == files_of(tmp_path / "local")
     for name in [f["path"] for f in local["files"]["segments"]] + [f"episodes.{fmt}"]:
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
