@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ParamSpec
 
 import orjson
 import pluggy
@@ -57,6 +57,7 @@ from .turns import loop_start, problems, split_turns, starts_with_thinking, thin
 __all__ = ["CompactionResult", "Engine", "describe_error"]
 
 log = logging.getLogger("agentcompact")
+_P = ParamSpec("_P")
 
 _TAIL_SHARE = 0.75  # kept turns may use this share of the target; the rest is for rendering
 _TRUNCATE_FLOOR = 1_000  # tokens: kept messages above this may be truncated (last resort)
@@ -244,16 +245,16 @@ _MOVED = {
 }
 
 
-def _named_moves(init: Callable[..., None]) -> Callable[..., None]:
+def _named_moves(init: Callable[_P, None]) -> Callable[_P, None]:
     """``Engine.__init__`` raising a ``TypeError`` that says where a moved parameter went
-    (``inspect.signature`` still shows the real parameters)."""
+    (type checkers and ``inspect.signature`` still see the real parameters)."""
     @functools.wraps(init)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> None:
         moved = [name for name in kwargs if name in _MOVED]
         if moved:
             where = "; ".join(f"{name}= is now {_MOVED[name]}" for name in moved)
             raise TypeError(f"Engine() got moved parameter(s): {where}")
-        init(self, *args, **kwargs)
+        init(*args, **kwargs)
     return wrapper
 
 
