@@ -242,6 +242,7 @@ _MOVED = {
     "model": "strategy=StrategySettings(name, model=...)",
     "api_key": "strategy=StrategySettings(name, api_key=...)",
     "validate_output": "nothing: output is always validated",
+    "max_cached_messages": "counter=MessageMeter(counter, dialect, max_entries=...)",
 }
 
 
@@ -287,7 +288,10 @@ class Engine:
     :param dialect: a registered dialect name or a ``Dialect``.
     :param budget: the token budget (default ``Budget(trigger_tokens=100_000)``).
     :param counter: ``"tiktoken"`` (default, o200k_base), ``"tiktoken:ENC"``, ``"hf:PATH"``,
-        ``"chars"`` or a ``TokenCounter``.
+        ``"chars"``, a ``TokenCounter``, or a :class:`~agentcompact.tokens.MessageMeter` of
+        this dialect: a counter with its per-message token/digest cache, to bound the cache
+        (``max_entries``; long-lived servers holding many engines lower it) or to share it
+        between engines used from one thread (default: a cache of 200,000 messages).
     :param store: a ``PrefixStore`` (default: in-memory LRU); share one between engines
         of the same settings (or proxy workers) to share compacted prefixes.
     :param plugins: a pluggy ``PluginManager`` (default: the process-wide one).
@@ -296,8 +300,6 @@ class Engine:
     :param episode_id: stamped on events for RL export, and the scope of the prefix-store
         keys: engines of other episodes never reuse its compactions (``new_episode()``
         starts a new one).
-    :param max_cached_messages: bound on the per-message token/digest cache (default
-        200,000 entries); long-lived servers holding many engines lower it.
 
     The configuration is read back from the read-only attributes ``strategy``,
     ``strategy_name``, ``dialect``, ``budget``, ``counter``, ``store``, ``pm`` (the plugin
@@ -311,12 +313,11 @@ class Engine:
         dialect: str | Dialect = "openai_chat",
         budget: Budget | None = None,
         *,
-        counter: str | TokenCounter | None = None,
+        counter: str | TokenCounter | MessageMeter | None = None,
         store: PrefixStore | None = None,
         plugins: pluggy.PluginManager | None = None,
         strict: bool = False,
         episode_id: str | None = None,
-        max_cached_messages: int | None = None,
     ) -> None:
         self._pm = plugins if plugins is not None else get_plugin_manager()
         reg = registry(self._pm)
@@ -338,15 +339,14 @@ class Engine:
             raise ConfigError(f"strategy {strategy!r} has no compact(request) method")
         self._strategy = strategy
         self._fallback = CliffStrategy()
-        self._counter = make_counter(counter)
-        if max_cached_messages is not None:
-            if max_cached_messages <= 0:
-                raise ConfigError(f"max_cached_messages must be positive, got "
-                                  f"{max_cached_messages}")
-            self._meter = MessageMeter(self._counter, self._dialect,
-                                       max_entries=max_cached_messages)
+        if isinstance(counter, MessageMeter):
+            if counter.dialect is not self._dialect:
+                raise ConfigError(f"counter: a MessageMeter of dialect {counter.dialect.name!r} "
+                                  f"given to an engine of dialect {self._dialect.name!r}")
+            self._meter = counter
         else:
-            self._meter = MessageMeter(self._counter, self._dialect)
+            self._meter = MessageMeter(make_counter(counter), self._dialect)
+        self._counter = self._meter.counter
         self._store: PrefixStore = store if store is not None else InMemoryPrefixStore()
         self._strict = strict
         self._episode_id = episode_id

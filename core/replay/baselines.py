@@ -242,11 +242,9 @@ def build_contender(name: str, dialect: Dialect, meter: MessageMeter, system: st
     if name == "cliffcompaction":
         return CliffCompactionContender(dialect.name, settings.trigger, system)
     engine = Engine(strategy=StrategySettings(name, options=_summarizer_settings(name, settings)),
-                    dialect=dialect, budget=settings.budget, counter=meter.counter,
-                    plugins=settings.pm)
-    # One meter per session: each message is parsed, digested and counted once, however
-    # many engines measure it (same counter and dialect, so the figures are unchanged).
-    engine.meter = meter
+                    dialect=dialect, budget=settings.budget, counter=meter, plugins=settings.pm)
+    # counter=meter: one meter per session, each message parsed, digested and counted once,
+    # however many engines measure it (same counter and dialect: the figures are unchanged).
     return EngineContender(name, engine)
 
 

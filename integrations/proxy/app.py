@@ -44,7 +44,7 @@ from agentcompact.logging_hooks import log_model_call
 from agentcompact.plugins import get_plugin_manager, registry
 from agentcompact.settings import StrategySettings
 from agentcompact.store import InMemoryPrefixStore, PrefixStore
-from agentcompact.tokens import make_counter
+from agentcompact.tokens import MessageMeter, make_counter
 
 from .bodies import BodyCache, Parsed, encode
 from .config import ProxyConfig
@@ -150,9 +150,10 @@ class EnginePool:
     def _new(self, dialect: str, session: str) -> Engine:
         strategy = StrategySettings(self.config.strategy, options=self.config.strategy_options)
         engine = Engine(strategy=strategy, dialect=self.dialects[dialect],
-                        budget=self.budget, counter=self.counter, store=self.store,
-                        plugins=self.pm, episode_id=session,
-                        max_cached_messages=_METER_ENTRIES)
+                        budget=self.budget, store=self.store,
+                        counter=MessageMeter(self.counter, self.dialects[dialect],
+                                             max_entries=_METER_ENTRIES),
+                        plugins=self.pm, episode_id=session)
         return engine
 
 

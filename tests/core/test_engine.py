@@ -14,12 +14,15 @@ from agentcompact import (
     Engine,
     OverBudgetError,
     StrategySettings,
+    TiktokenCounter,
+    get_dialect,
     hookimpl,
     new_plugin_manager,
     validate,
 )
 from agentcompact.markers import COMPACTION_HEADER
 from agentcompact.strategies.cliff import CliffStrategy
+from agentcompact.tokens import MessageMeter
 
 from .histories import build, call_points
 
@@ -239,7 +242,9 @@ def test_moved_parameters_say_where_they_went() -> None:
         Engine(bogus=1, plugins=pm)  # type: ignore[call-arg]  # wrong on purpose
     params = [p for p in inspect.signature(Engine).parameters]
     assert params == ["strategy", "dialect", "budget", "counter", "store", "plugins", "strict",
-                      "episode_id", "max_cached_messages"]
+                      "episode_id"]
+    with pytest.raises(TypeError, match=r"max_cached_messages= is now counter=MessageMeter"):
+        Engine(max_cached_messages=2, plugins=pm)
 
 
 def test_strategy_settings_name_the_field() -> None:
@@ -265,10 +270,14 @@ def test_summarizer_options_name_the_problem() -> None:
     with pytest.raises(ConfigError, match="StrategySettings.name must be a strategy name, got "
                        "CliffStrategy"):
         StrategySettings(CliffStrategy(), summarizer={"model": "m"})  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="max_cached_messages must be positive"):
-        Engine(max_cached_messages=0, plugins=pm)
-    bounded = Engine(max_cached_messages=2, dialect="openai_chat",
-                     budget=Budget(trigger_tokens=10**6), plugins=pm)
+    chat = get_dialect("openai_chat")
+    with pytest.raises(ConfigError, match="MessageMeter.max_entries must be a positive int"):
+        MessageMeter(TiktokenCounter(), chat, max_entries=0)
+    with pytest.raises(ConfigError, match="counter: a MessageMeter of dialect 'anthropic'"):
+        Engine(counter=MessageMeter(TiktokenCounter(), get_dialect("anthropic")), plugins=pm)
+    meter = MessageMeter(TiktokenCounter(), chat, max_entries=2)
+    bounded = Engine(counter=meter, dialect=chat, budget=Budget(trigger_tokens=10**6), plugins=pm)
+    assert bounded.counter is meter.counter
     msgs = build("openai_chat", PLAN)
     assert bounded.compact(msgs).tokens_before == engine("openai_chat").compact(msgs).tokens_before
 
