@@ -40,7 +40,7 @@ from cliffcompaction import dialects as cc_dialects
 from cliffcompaction.config import Config
 from cliffcompaction.engine import Engine as CliffEngine
 
-from agentcompact import Budget, Engine, get_dialect
+from agentcompact import Budget, Engine, StrategySettings, get_dialect
 from agentcompact.archive import MemoryArchive
 from agentcompact.cachecost import CacheCost
 from agentcompact.replay.recall import extract_items
@@ -158,9 +158,9 @@ def run(messages: list[Any], trigger: int, target: int | None, meter: MessageMet
         texts: dict[str, str], ours: Tally, theirs: Tally) -> None:
     dialect = get_dialect("anthropic")
     archive = MemoryArchive()
-    engine = Engine(strategy="cliff", dialect="anthropic",
-                    budget=Budget(trigger_tokens=trigger, target_tokens=target),
-                    strategy_settings={"archive": archive})
+    engine = Engine(strategy=StrategySettings("cliff", options={"archive": archive}),
+                    dialect="anthropic",
+                    budget=Budget(trigger_tokens=trigger, target_tokens=target))
     peer = CliffEngine(Config(threshold_tokens=trigger))
     costs = [CacheCost(), CacheCost()]
     points = call_points(messages, dialect)

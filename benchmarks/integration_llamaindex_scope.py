@@ -19,7 +19,7 @@ import httpx
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.llms.openai_like import OpenAILike
 
-from agentcompact import Engine
+from agentcompact import Budget, Engine
 from agentcompact.integrations.llamaindex import CompactingMemory
 from agentcompact.integrations.upstream_sim import Reply, Script, UpstreamSim, filler_text, serve
 
@@ -55,7 +55,7 @@ async def main() -> None:
     parser.add_argument("--system", type=int, default=15_000, help="system prompt tokens")
     parser.add_argument("--trigger", type=int, default=20_000)
     args = parser.parse_args()
-    meter = Engine(dialect="openai_chat", trigger_tokens=10**9)
+    meter = Engine(dialect="openai_chat", budget=Budget(trigger_tokens=10**9))
     print(f"one run of {args.steps} tool calls, system prompt ~{args.system:,} tokens, "
           f"trigger {args.trigger:,}")
     for wrapped in (False, True):

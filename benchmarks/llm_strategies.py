@@ -41,7 +41,7 @@ from typing import Any
 
 import openai  # imported up front so its import time is not in the timings
 
-from agentcompact import Engine, SummaryCall, hookimpl, new_plugin_manager
+from agentcompact import Budget, Engine, StrategySettings, SummaryCall, hookimpl, new_plugin_manager
 from agentcompact.background import BackgroundCompactor
 from agentcompact.integrations.upstream_sim import (
     LatencyModel,
@@ -78,13 +78,14 @@ def make_engine(strategy: str, base_url: str, trigger: int, target: int,
                 **settings: Any) -> Engine:
     client = {"base_url": f"{base_url}/v1", "model": "bench", "api_key": "sk-bench",
               "max_retries": 0, "timeout": 120, "context_window": 128_000}
-    return Engine(strategy=strategy, plugins=new_plugin_manager(), trigger_tokens=trigger,
-                  target_tokens=target, strategy_settings={**client, **settings})
+    return Engine(strategy=StrategySettings(strategy, options={**client, **settings}),
+                  plugins=new_plugin_manager(),
+                  budget=Budget(trigger_tokens=trigger, target_tokens=target))
 
 
 def turns_just_over(trigger: int) -> int:
     """Fewest turns whose history is over ``trigger`` (one crossing: one compaction)."""
-    counter = Engine(trigger_tokens=trigger)
+    counter = Engine(budget=Budget(trigger_tokens=trigger))
     n = 1
     while counter.count(history(n)) <= trigger:
         n += 1
@@ -240,11 +241,11 @@ def real_engine(args: argparse.Namespace, strategy: str, log: CallLog | None = N
     pm = new_plugin_manager()
     if log is not None:
         pm.register(log)
-    return Engine(strategy=strategy, plugins=pm, trigger_tokens=args.real_trigger,
-                  target_tokens=args.real_target, base_url=args.real_url,
-                  model=args.real_model, api_key="local",
-                  strategy_settings={"timeout": 600, "max_retries": 0,
-                                     "context_window": args.real_window, **settings})
+    options = {"timeout": 600, "max_retries": 0, "context_window": args.real_window, **settings}
+    return Engine(strategy=StrategySettings(strategy, options=options, base_url=args.real_url,
+                                            model=args.real_model, api_key="local"),
+                  plugins=pm, budget=Budget(trigger_tokens=args.real_trigger,
+                                            target_tokens=args.real_target))
 
 
 REAL_STEPS = [
@@ -284,7 +285,7 @@ async def real_idle(args: argparse.Namespace) -> None:
 
 
 def real_turns_over(args: argparse.Namespace, tokens: int) -> int:
-    counter = Engine(trigger_tokens=args.real_trigger)
+    counter = Engine(budget=Budget(trigger_tokens=args.real_trigger))
     n = 1
     while counter.count(real_turn(n)) <= tokens:
         n += 1

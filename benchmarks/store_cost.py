@@ -3,7 +3,7 @@ over a restart.
 
 **Cost.** Real Claude Code sessions (the three main ones, 116k-144k tokens, Anthropic
 dialect) are replayed request by request (each model call point: the history so far)
-through an ``Engine`` as the proxy drives it (``store_version`` read, then ``compact``),
+through an ``Engine`` as the proxy drives it (the store's version read, then ``compact``),
 cliff strategy, tiktoken, trigger 100k / target 50k (the proxy's defaults). The store is
 wrapped in a timer summing the time spent inside its ``version`` / ``get`` / ``put``
 per request, and inside the archive of the same URL (the cliff strategy's
@@ -52,8 +52,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentcompact import Budget, Engine, get_dialect
+from agentcompact import Budget, Engine, StrategySettings, get_dialect
 from agentcompact.archive import MemoryArchive, SharedArchive
+from agentcompact.integrations.proxy.speculation import Speculation
 from agentcompact.store import PrefixEntry, PrefixStore
 from agentcompact.stores import backend_from_url, store_from_url
 from agentcompact.trajectory.loaders import load
@@ -131,20 +132,24 @@ def call_points(messages: list[Any]) -> list[int]:
                                       and not dialect.is_model_output(messages[i - 1]))]
 
 
+SPECULATION = Speculation()
+
+
 def engine(store: PrefixStore, counter: Any, strategy: str = "cliff", **settings: Any
            ) -> Engine:
-    return Engine(strategy, "anthropic", BUDGET, counter=counter, store=store, **settings)
+    return Engine(StrategySettings(strategy, **settings), "anthropic", BUDGET, counter=counter,
+                  store=store)
 
 
 def replay_cost(messages: list[Any], stores: list[Timed], counter: Any) -> list[float]:
     """Store seconds per request; request ``i`` served by ``stores[i % len]``'s engine."""
-    engines = [engine(s, counter, strategy_settings={"archive": s.archive})  # type: ignore[arg-type]
+    engines = [engine(s, counter, options={"archive": s.archive})
                for s in stores]
     out = []
     for i, c in enumerate(call_points(messages)):
         e, s = engines[i % len(engines)], stores[i % len(stores)]
         s.spent = 0.0
-        _ = e.store_version  # the proxy reads it before compacting (speculation)
+        _ = SPECULATION.store_version(e)  # the proxy reads it before compacting
         e.compact(messages[:c])
         out.append(s.spent)
     return out

@@ -31,6 +31,7 @@ from .events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, Summary
 from .hookspecs import hookimpl, hookspec
 from .logging_hooks import log_episode_end, log_model_call, log_summary_call
 from .pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
+from .settings import StrategySettings
 from .store import InMemoryPrefixStore, PrefixEntry, PrefixStore
 from .strategies.base import CompactionRequest, Rendered, Strategy
 from .tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter
@@ -62,6 +63,7 @@ __all__ = [
     "PrefixStore",
     "Rendered",
     "Strategy",
+    "StrategySettings",
     "SummarizerError",
     "SummaryCall",
     "TiktokenCounter",

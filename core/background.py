@@ -4,7 +4,8 @@ A blocking summary strategy stalls the agent for a summarizer call at every clif
 ``BackgroundCompactor`` starts that call earlier, when the context crosses a *soft*
 threshold below the engine's trigger, and lets the agent keep going meanwhile::
 
-    engine = Engine(strategy="summary", strategy_settings={...}, trigger_tokens=100_000)
+    engine = Engine(strategy=StrategySettings("summary", options={...}),
+                    budget=Budget(trigger_tokens=100_000))
     bg = BackgroundCompactor(engine, soft_trigger_tokens=80_000, wait_s=5.0)
     for each model call:
         result = await bg.compact(messages)     # returns at once unless at the hard trigger
@@ -146,8 +147,7 @@ class BackgroundCompactor:
         self._cliff = Engine(
             _NotReady(engine.strategy_name, wait_s), engine.dialect, budget,
             counter=engine.counter, store=engine.store, plugins=engine.pm,
-            strict=engine.strict, validate_output=engine.validate_output,
-            episode_id=engine.episode_id)
+            strict=engine.strict, episode_id=engine.episode_id)
         self._jobs: list[_Job] = []  # in start order
         self._started_len = -1
         self._sent_cut = 0

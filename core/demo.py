@@ -16,6 +16,7 @@ from typing import Any
 from .budget import Budget
 from .cachecost import CacheCost
 from .engine import Engine
+from .tokens import MessageMeter
 
 __all__ = ["DemoReport", "demo_session", "run_demo"]
 
@@ -102,6 +103,7 @@ class DemoReport:
 def run_demo(trigger: int = 60_000, turns: int = 160) -> DemoReport:
     messages = demo_session(turns)
     engine = Engine(strategy="cliff", dialect="anthropic", budget=Budget(trigger_tokens=trigger))
+    meter = MessageMeter(engine.counter, engine.dialect)  # digests, for the cache cost
     ours, full = CacheCost(), CacheCost()
     calls = compactions = 0
     spent = 0.0
@@ -114,9 +116,9 @@ def run_demo(trigger: int = 60_000, turns: int = 160) -> DemoReport:
         spent += time.perf_counter() - t0
         calls += 1
         compactions += result.compacted
-        sent = engine.meter.measure(result.messages)
+        sent = meter.measure(result.messages)
         ours.add(sent.digests, sent.tokens)
-        original = engine.meter.measure(context)
+        original = meter.measure(context)
         full.add(original.digests, original.tokens)
     return DemoReport(calls, compactions, ours.peak, full.peak, trigger, ours.cached_share,
                       full.cached_share, ours.cost / full.cost, spent * 1000 / max(calls, 1))

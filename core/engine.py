@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import inspect
 import itertools
 import logging
@@ -34,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ParamSpec
 
 import orjson
 import pluggy
@@ -46,6 +47,7 @@ from .errors import AgentCompactError, ConfigError, DialectError, OverBudgetErro
 from .events import CompactionEvent, DroppedItem, new_id
 from .markers import COMPACTION_HEADER
 from .pluginmanager import get_plugin_manager, registry
+from .settings import StrategySettings
 from .store import InMemoryPrefixStore, PrefixEntry, PrefixStore, chain_digests
 from .strategies.base import CompactionRequest, Rendered
 from .strategies.cliff import CliffStrategy
@@ -55,6 +57,7 @@ from .turns import loop_start, problems, split_turns, starts_with_thinking, thin
 __all__ = ["CompactionResult", "Engine", "describe_error"]
 
 log = logging.getLogger("agentcompact")
+_P = ParamSpec("_P")
 
 _TAIL_SHARE = 0.75  # kept turns may use this share of the target; the rest is for rendering
 _TRUNCATE_FLOOR = 1_000  # tokens: kept messages above this may be truncated (last resort)
@@ -229,23 +232,31 @@ def _stable_repr(value: Any, depth: int = 0) -> str:
     return _ADDRESS.sub("", repr(value))
 
 
-def _strategy_settings(settings: dict[str, Any] | None, summarizer: Any,
-                       **shortcuts: str | None) -> dict[str, Any]:
-    """The strategy factory's keyword arguments: ``strategy_settings`` plus the summarizer
-    options given to the engine directly (a key given twice is an error, not an override)."""
-    out = dict(settings or {})
-    extra: dict[str, Any] = {k: v for k, v in shortcuts.items() if v is not None}
-    if summarizer is not None:
-        if isinstance(summarizer, dict):
-            extra.update(summarizer)
-        else:
-            extra["summarizer"] = summarizer
-    clash = sorted(set(out) & set(extra))
-    if clash:
-        raise ConfigError(f"summarizer option(s) {', '.join(clash)} given twice "
-                          "(in strategy_settings and as engine arguments)")
-    out.update(extra)
-    return out
+#: constructor parameters that moved, and where to (a ``TypeError`` names them)
+_MOVED = {
+    "trigger_tokens": "budget=Budget(trigger_tokens=...)",
+    "target_tokens": "budget=Budget(..., target_tokens=...)",
+    "strategy_settings": "strategy=StrategySettings(name, options={...})",
+    "summarizer": "strategy=StrategySettings(name, summarizer=...)",
+    "base_url": "strategy=StrategySettings(name, base_url=...)",
+    "model": "strategy=StrategySettings(name, model=...)",
+    "api_key": "strategy=StrategySettings(name, api_key=...)",
+    "validate_output": "nothing: output is always validated",
+    "max_cached_messages": "counter=MessageMeter(counter, dialect, max_entries=...)",
+}
+
+
+def _named_moves(init: Callable[_P, None]) -> Callable[_P, None]:
+    """``Engine.__init__`` raising a ``TypeError`` that says where a moved parameter went
+    (type checkers and ``inspect.signature`` still see the real parameters)."""
+    @functools.wraps(init)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        moved = [name for name in kwargs if name in _MOVED]
+        if moved:
+            where = "; ".join(f"{name}= is now {_MOVED[name]}" for name in moved)
+            raise TypeError(f"Engine() got moved parameter(s): {where}")
+        init(*args, **kwargs)
+    return wrapper
 
 
 def _check_settings(name: str, factory: Callable[..., Any], settings: dict[str, Any]) -> None:
@@ -272,11 +283,15 @@ class Engine:
     >>> result = engine.compact(messages)                       # doctest: +SKIP
     >>> send(result.messages)                                   # doctest: +SKIP
 
-    :param strategy: a registered strategy name or a strategy object.
+    :param strategy: a registered strategy name, a :class:`StrategySettings` (a name with
+        its options and summarizer settings) or a strategy object.
     :param dialect: a registered dialect name or a ``Dialect``.
-    :param budget: the token budget (or use ``trigger_tokens=``/``target_tokens=``).
+    :param budget: the token budget (default ``Budget(trigger_tokens=100_000)``).
     :param counter: ``"tiktoken"`` (default, o200k_base), ``"tiktoken:ENC"``, ``"hf:PATH"``,
-        ``"chars"`` or a ``TokenCounter``.
+        ``"chars"``, a ``TokenCounter``, or a :class:`~agentcompact.tokens.MessageMeter` of
+        this dialect: a counter with its per-message token/digest cache, to bound the cache
+        (``max_entries``; long-lived servers holding many engines lower it) or to share it
+        between engines used from one thread (default: a cache of 200,000 messages).
     :param store: a ``PrefixStore`` (default: in-memory LRU); share one between engines
         of the same settings (or proxy workers) to share compacted prefixes.
     :param plugins: a pluggy ``PluginManager`` (default: the process-wide one).
@@ -285,80 +300,66 @@ class Engine:
     :param episode_id: stamped on events for RL export, and the scope of the prefix-store
         keys: engines of other episodes never reuse its compactions (``new_episode()``
         starts a new one).
-    :param strategy_settings: keyword arguments for the strategy factory.
-    :param summarizer: for the LLM strategies (``summary``, ``parallel``): a
-        :class:`~agentcompact.summarizer.Summarizer`, or a dict of its settings.
-    :param base_url: shortcut: the summarizer's OpenAI-compatible base URL (with ``/v1``).
-    :param model: shortcut: the summarizer's model name.
-    :param api_key: shortcut: the summarizer's API key. Unset shortcuts fall back to the
-        ``AGENTCOMPACT_SUMMARIZER_*`` environment variables.
-    :param max_cached_messages: bound on the per-message token/digest cache (default
-        200,000 entries); long-lived servers holding many engines lower it.
+
+    The configuration is read back from the read-only attributes ``strategy``,
+    ``strategy_name``, ``dialect``, ``budget``, ``counter``, ``store``, ``pm`` (the plugin
+    manager), ``strict`` and ``episode_id``.
     """
 
+    @_named_moves
     def __init__(
         self,
-        strategy: str | Any = "cliff",
+        strategy: str | StrategySettings | Any = "cliff",
         dialect: str | Dialect = "openai_chat",
         budget: Budget | None = None,
         *,
-        trigger_tokens: int | None = None,
-        target_tokens: int | None = None,
-        counter: str | TokenCounter | None = None,
+        counter: str | TokenCounter | MessageMeter | None = None,
         store: PrefixStore | None = None,
         plugins: pluggy.PluginManager | None = None,
         strict: bool = False,
-        validate_output: bool = True,
         episode_id: str | None = None,
-        strategy_settings: dict[str, Any] | None = None,
-        summarizer: Any = None,
-        base_url: str | None = None,
-        model: str | None = None,
-        api_key: str | None = None,
-        max_cached_messages: int | None = None,
     ) -> None:
-        self.pm = plugins if plugins is not None else get_plugin_manager()
-        reg = registry(self.pm)
-        self.dialect = reg.dialect(dialect) if isinstance(dialect, str) else dialect
-        self.budget = _make_budget(budget, trigger_tokens, target_tokens)
-        settings = _strategy_settings(strategy_settings, summarizer, base_url=base_url,
-                                      model=model, api_key=api_key)
-        self._settings = settings
+        self._pm = plugins if plugins is not None else get_plugin_manager()
+        reg = registry(self._pm)
+        self._dialect = reg.dialect(dialect) if isinstance(dialect, str) else dialect
+        if budget is None:
+            budget = Budget(trigger_tokens=100_000)
+        elif not isinstance(budget, Budget):
+            raise ConfigError(f"budget must be a Budget, got {type(budget).__name__}")
+        self._budget = budget
         if isinstance(strategy, str):
-            factory = reg.strategy_factory(strategy)
-            _check_settings(strategy, factory, settings)
-            self.strategy = factory(**settings)
-        else:
-            if settings:
-                raise ConfigError("strategy settings or summarizer options given with a "
-                                  "strategy object; configure the object instead")
-            self.strategy = strategy
-        if not callable(getattr(self.strategy, "compact", None)):
-            raise ConfigError(f"strategy {self.strategy!r} has no compact(request) method")
+            strategy = StrategySettings(strategy)
+        self._settings: dict[str, Any] = {}
+        if isinstance(strategy, StrategySettings):
+            factory = reg.strategy_factory(strategy.name)
+            self._settings = strategy.factory_kwargs()
+            _check_settings(strategy.name, factory, self._settings)
+            strategy = factory(**self._settings)
+        if not callable(getattr(strategy, "compact", None)):
+            raise ConfigError(f"strategy {strategy!r} has no compact(request) method")
+        self._strategy = strategy
         self._fallback = CliffStrategy()
-        self.counter = make_counter(counter)
-        if max_cached_messages is not None:
-            if max_cached_messages <= 0:
-                raise ConfigError(f"max_cached_messages must be positive, got "
-                                  f"{max_cached_messages}")
-            self.meter = MessageMeter(self.counter, self.dialect,
-                                      max_entries=max_cached_messages)
+        if isinstance(counter, MessageMeter):
+            if counter.dialect is not self._dialect:
+                raise ConfigError(f"counter: a MessageMeter of dialect {counter.dialect.name!r} "
+                                  f"given to an engine of dialect {self._dialect.name!r}")
+            self._meter = counter
         else:
-            self.meter = MessageMeter(self.counter, self.dialect)
-        self.store: PrefixStore = store if store is not None else InMemoryPrefixStore()
-        self.strict = strict
-        self.validate_output = validate_output
-        self.episode_id = episode_id
+            self._meter = MessageMeter(make_counter(counter), self._dialect)
+        self._counter = self._meter.counter
+        self._store: PrefixStore = store if store is not None else InMemoryPrefixStore()
+        self._strict = strict
+        self._episode_id = episode_id
         self._lock = threading.RLock()
         self._last_view: _View | None = None
         # the last prefix-store lookup: (store, its version, n, chain key of n, hit length)
         self._scan: tuple[Any, int, int, str, int] | None = None
-        self._by_json = type(self.dialect).digest is Dialect.digest
+        self._by_json = type(self._dialect).digest is Dialect.digest
         self._fixed_cache: dict[str, int] = {}
         self._fixed_last: tuple[tuple[Any, Any, Any], int] | None = None
         self._warned = False
         self._warned_fixed = False
-        self._min_budget = _min_budget(self.strategy)
+        self._min_budget = _min_budget(self._strategy)
         self._plugins_key: tuple[int, ...] | None = None
         self._seed = ""
         self._refresh_seed()
@@ -370,22 +371,22 @@ class Engine:
         that pin or render, output validation. It seeds the chain digests that key the
         prefix store (with the episode), so engines of other settings sharing a store
         never reuse each other's compactions."""
-        strategy = self.strategy
+        strategy = self._strategy
         own = getattr(strategy, "fingerprint", None)
         if callable(own):
             own = own()
         settings = own if isinstance(own, str) else _stable_repr(
             self._settings if self._settings else strategy)
         plugins = sorted(
-            f"{name}:{self.pm.get_name(impl.plugin)}:{impl.function.__qualname__}"
+            f"{name}:{self._pm.get_name(impl.plugin)}:{impl.function.__qualname__}"
             for name in _FINGERPRINT_HOOKS
-            for impl in getattr(self.pm.hook, name).get_hookimpls())
+            for impl in getattr(self._pm.hook, name).get_hookimpls())
         parts = ["agentcompact-store-2", self.strategy_name,
                  f"{type(strategy).__module__}.{type(strategy).__qualname__}", settings,
-                 repr(self.budget), self.dialect.name,
-                 f"{type(self.dialect).__module__}.{type(self.dialect).__qualname__}",
-                 str(getattr(self.counter, "name", type(self.counter).__qualname__)),
-                 str(self.validate_output), *plugins]
+                 repr(self._budget), self._dialect.name,
+                 f"{type(self._dialect).__module__}.{type(self._dialect).__qualname__}",
+                 str(getattr(self._counter, "name", type(self._counter).__qualname__)),
+                 "True", *plugins]  # "True": output validated (always; kept: same keys)
         return xxhash.xxh3_128_hexdigest("\x00".join(parts).encode("utf-8", "surrogatepass"))
 
     def new_episode(self, episode_id: str | None = None) -> str:
@@ -394,27 +395,62 @@ class Engine:
         earlier episode is reused, and events carry the new ``episode_id`` (default: a
         fresh id). Returns it. ``Engine(episode_id=...)`` scopes from the start."""
         with self._lock:
-            self.episode_id = episode_id if episode_id is not None else new_id()
+            self._episode_id = episode_id if episode_id is not None else new_id()
             self._refresh_seed(force=True)
-        return self.episode_id
+        return self._episode_id
 
     def _refresh_seed(self, force: bool = False) -> None:
         """Recompute the store seed when the plugins that shape the output changed."""
         key = tuple(id(impl.function) for name in _FINGERPRINT_HOOKS
-                    for impl in getattr(self.pm.hook, name).get_hookimpls())
+                    for impl in getattr(self._pm.hook, name).get_hookimpls())
         if not force and key == self._plugins_key:
             return
         self._plugins_key = key
         seed = xxhash.xxh3_128_hexdigest(
-            f"{self.fingerprint()}\x00{self.episode_id or ''}".encode("utf-8", "surrogatepass"))
+            f"{self.fingerprint()}\x00{self._episode_id or ''}".encode("utf-8", "surrogatepass"))
         if seed != self._seed:
             self._seed = seed
             self._last_view = None
             self._scan = None
 
+    # --- configuration, read back ----------------------------------------------------
+    @property
+    def strategy(self) -> Any:
+        """The strategy object compacting (built from the name or settings given)."""
+        return self._strategy
+
     @property
     def strategy_name(self) -> str:
-        return str(getattr(self.strategy, "name", type(self.strategy).__name__))
+        return str(getattr(self._strategy, "name", type(self._strategy).__name__))
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._dialect
+
+    @property
+    def budget(self) -> Budget:
+        return self._budget
+
+    @property
+    def counter(self) -> TokenCounter:
+        return self._counter
+
+    @property
+    def store(self) -> PrefixStore:
+        return self._store
+
+    @property
+    def pm(self) -> pluggy.PluginManager:
+        """The plugin manager the engine calls its hooks on."""
+        return self._pm
+
+    @property
+    def strict(self) -> bool:
+        return self._strict
+
+    @property
+    def episode_id(self) -> str | None:
+        return self._episode_id
 
     # --- public API -----------------------------------------------------------------
     def compact(self, messages: Sequence[Any], *, force: bool = False,
@@ -440,11 +476,11 @@ class Engine:
         The body is returned unchanged (same object) when nothing was modified. The
         system prompt, instructions and tool schemas count against the budget.
         """
-        result = self.compact(self.dialect.messages_of(body), force=force,
+        result = self.compact(self._dialect.messages_of(body), force=force,
                               fixed_tokens=self.fixed_tokens(body))
         if not result.modified:
             return body, result
-        return self.dialect.with_messages(body, result.messages), result
+        return self._dialect.with_messages(body, result.messages), result
 
     def fixed_tokens(self, body: dict[str, Any]) -> int:
         """Tokens of a request body besides its messages: system, instructions, tools.
@@ -464,7 +500,7 @@ class Engine:
             key = "\x00".join(texts)
             found = self._fixed_cache.get(key)
             if found is None:
-                found = sum(self.counter.count_texts(texts))
+                found = sum(self._counter.count_texts(texts))
                 if len(self._fixed_cache) > 256:
                     self._fixed_cache.clear()
                 self._fixed_cache[key] = found
@@ -472,35 +508,17 @@ class Engine:
         self._fixed_last = (values, cached)
         return cached
 
-    @property
-    def store_version(self) -> int | None:
-        """The prefix store's ``version`` (changes on every ``put``), or ``None`` for a
-        store without one."""
-        version = getattr(self.store, "version", None)
-        return version if isinstance(version, int) else None
-
-    def token_bound(self, messages: Sequence[Any]) -> int | None:
-        """An upper bound on :meth:`count` of ``messages`` without tokenizing the ones not
+    def _token_bound(self, messages: Sequence[Any]) -> int | None:
+        """Private but stable, for the proxy's speculation (integrations/proxy/speculation.py):
+        an upper bound on :meth:`count` of ``messages`` without tokenizing the ones not
         counted yet, or ``None`` when the counter gives no such bound."""
         with self._lock:
-            return self.meter.bound(messages)
-
-    def leaves_unchanged(self, tokens_at_most: int, since_version: int | None) -> bool:
-        """Whether :meth:`compact` (not forced) is certain to return a history unchanged,
-        knowing that it holds at most ``tokens_at_most`` tokens (fixed tokens included),
-        and that a history it extends was left unchanged when the prefix store's
-        ``version`` was ``since_version``. Then no stored prefix can apply (none did to
-        the shorter history, and none was put since) and the trigger is not reached.
-        ``False`` whenever that cannot be known: a store without a version, or a plugin
-        deciding ``agentcompact_should_compact``."""
-        return (since_version is not None and since_version == self.store_version
-                and tokens_at_most <= self.budget.trigger
-                and not self.pm.hook.agentcompact_should_compact.get_hookimpls())
+            return self._meter.bound(messages)
 
     def count(self, messages: Sequence[Any]) -> int:
         """Tokens of ``messages`` in this engine's counter (cached per message)."""
         with self._lock:
-            return sum(self.meter.measure(messages).tokens)
+            return sum(self._meter.measure(messages).tokens)
 
     def context_tokens(self, messages: Sequence[Any]) -> int:
         """Tokens that would be sent for ``messages`` without a new compaction (the stored
@@ -527,10 +545,10 @@ class Engine:
         n = len(view.messages)
         state = _State(self._lookup(view, n))
         before = state.tokens_at(view, n)
-        starts = split_turns(view.messages, self.dialect).starts
+        starts = split_turns(view.messages, self._dialect).starts
         entry, event = yield from self._compact_at(view, starts, n, state, "background", 0)
         if entry is not None:
-            self.store.put(view.chain[entry.cut - 1], entry)  # validated: see _check
+            self._store.put(view.chain[entry.cut - 1], entry)  # validated: see _check
             state = _State(entry)
         return _Outcome(view, before, state, (event,) if event is not None else ())
 
@@ -566,7 +584,7 @@ class Engine:
 
     # --- rendering: one rung of the fallback chain ----------------------------------
     def _strategy_for(self, rung: str) -> Any:
-        return self.strategy if rung == "strategy" else self._fallback
+        return self._strategy if rung == "strategy" else self._fallback
 
     def _render_sync(self, rung: str, request: CompactionRequest
                      ) -> tuple[Rendered | None, str | None]:
@@ -611,14 +629,14 @@ class Engine:
         events: list[CompactionEvent] = []
         if not (force or self._should_compact(view, state, n)):           # decide
             return _Outcome(view, before, state, ())
-        turns = split_turns(view.messages, self.dialect)
+        turns = split_turns(view.messages, self._dialect)
         points = [s for s in turns.starts if s > (state.entry.cut if state.entry else 0)]
         if not points or points[-1] != n:
             points.append(n)
         initial = state.entry
         for c in points:
             last = c == n
-            if not last and state.tokens_at(view, c) <= self.budget.trigger:
+            if not last and state.tokens_at(view, c) <= self._budget.trigger:
                 continue
             if last and not force and state.entry is not initial and not self._should_compact(
                 view, state, n
@@ -630,7 +648,7 @@ class Engine:
             if event is not None:
                 events.append(event)
             if entry is not None:                                          # store
-                self.store.put(view.chain[entry.cut - 1], entry)  # validated: see _check
+                self._store.put(view.chain[entry.cut - 1], entry)  # validated: see _check
                 state = _State(entry)
         return _Outcome(view, before, state, tuple(events))
 
@@ -643,9 +661,9 @@ class Engine:
         if plan is None:
             return None, None
         request = CompactionRequest(
-            messages=view.messages[:c], dialect=self.dialect, head_len=plan.head_len,
+            messages=view.messages[:c], dialect=self._dialect, head_len=plan.head_len,
             span_start=plan.span_start, cut=plan.cut, budget_tokens=plan.budget_tokens,
-            meter=self.meter, pm=self.pm, level=level, episode_id=self.episode_id,
+            meter=self._meter, pm=self._pm, level=level, episode_id=self._episode_id,
             reason=reason, kept=frozenset(plan.kept),
         )
         errors: list[str] = []
@@ -672,7 +690,7 @@ class Engine:
 
     @property
     def _rungs(self) -> tuple[str, ...]:
-        if isinstance(self.strategy, CliffStrategy) and self.strategy == self._fallback:
+        if isinstance(self._strategy, CliffStrategy) and self._strategy == self._fallback:
             return ("strategy", "safe")  # the strategy is the default cliff: no second try
         return ("strategy", "cliff", "safe")
 
@@ -686,7 +704,7 @@ class Engine:
         at least the strategy's minimum when dropping turns or truncating the largest kept
         tool output can make it so)."""
         msgs = view.messages
-        dialect = self.dialect
+        dialect = self._dialect
         turn_starts = [s for s in starts if s < c]
         if not turn_starts:
             return None
@@ -695,7 +713,7 @@ class Engine:
             head_len -= 1
         prev_cut = state.entry.cut if state.entry else turn_starts[0]
         cuts = [s for s in turn_starts if s > prev_cut] + [c]  # cuts[-1-r] keeps r turns
-        budget = self.budget
+        budget = self._budget
         if dialect.thinking_loops():
             cuts = _thinking_safe(cuts, msgs, c, dialect)
         kept_turns = {s: len(turn_starts) - bisect.bisect_left(turn_starts, s) for s in cuts}
@@ -749,15 +767,15 @@ class Engine:
 
     def _pins(self, view: _View, head_len: int, end: int) -> tuple[int, ...]:
         """Indices in ``[head_len, end)`` a plugin pins (``agentcompact_pin``)."""
-        hook = self.pm.hook.agentcompact_pin
+        hook = self._pm.hook.agentcompact_pin
         if not hook.get_hookimpls():
             return ()
         out = []
         for i in range(head_len, end):
             message = view.messages[i]
-            if self.dialect.is_synthetic(message):
+            if self._dialect.is_synthetic(message):
                 continue
-            if any(r is True for r in hook(message=message, index=i, dialect=self.dialect)):
+            if any(r is True for r in hook(message=message, index=i, dialect=self._dialect)):
                 out.append(i)
         return tuple(out)
 
@@ -771,12 +789,12 @@ class Engine:
             pieces.append(f"\n\n[… {dropped} earlier messages omitted …]")
         for i in plan.pinned:
             try:
-                texts = [p.text for p in self.dialect.parts(view.messages[i]) if p.text]
+                texts = [p.text for p in self._dialect.parts(view.messages[i]) if p.text]
             except Exception:  # unreadable: the pin check names it
                 texts = []
             pieces.append("\n\n[pinned message, verbatim]\n" + "\n".join(texts))
         text = "".join(pieces)
-        return Rendered(self.dialect.text_message(text), self.meter.count_text_message(text))
+        return Rendered(self._dialect.text_message(text), self._meter.count_text_message(text))
 
     def _check(self, view: _View, plan: _Plan, rendered: Rendered, rung: str) -> _Checked:
         """The invariants, for any strategy: the assembled output passes the dialect's
@@ -784,11 +802,11 @@ class Engine:
         pinned message's text is in the compaction message verbatim, the message is within
         its budget (pinned text aside)."""
         message = rendered.message
-        dialect = self.dialect
+        dialect = self._dialect
         trusted = rung == "safe" or isinstance(self._strategy_for(rung), CliffStrategy)
         try:  # the engine counts a third-party strategy's message itself
             tokens = 0 if message is None else (
-                rendered.tokens if trusted else self.meter.count(message))
+                rendered.tokens if trusted else self._meter.count(message))
             text = dialect.text_of(message) if message is not None and plan.pinned else ""
         except Exception as exc:
             return _Checked(None, rung, rendered,
@@ -817,21 +835,20 @@ class Engine:
         return _Checked(entry, rung, rendered, problem)
 
     def _validity(self, view: _View, out: list[Any], c: int) -> str | None:
-        dialect = self.dialect
-        if self.validate_output:
-            found = problems(out, dialect, allow_pending=True)
-            if found:
-                inherited = {key for key, _ in problems(view.messages[:c], dialect,
-                                                        allow_pending=True)}
-                new = [exc for key, exc in found if key not in inherited]
-                if new:
-                    return f"output failed validation: {new[0]}"
+        dialect = self._dialect
+        found = problems(out, dialect, allow_pending=True)
+        if found:
+            inherited = {key for key, _ in problems(view.messages[:c], dialect,
+                                                    allow_pending=True)}
+            new = [exc for key, exc in found if key not in inherited]
+            if new:
+                return f"output failed validation: {new[0]}"
         if dialect.thinking_loops():
             return thinking_loop_error(view.messages, c, out, dialect)
         return None
 
     def _kept_type(self, message: Any) -> bool:
-        return self.dialect.is_kept(message) or self.dialect.is_synthetic(message)
+        return self._dialect.is_kept(message) or self._dialect.is_synthetic(message)
 
     def _shrink_tail(self, view: _View, cut: int, c: int, excess: int, *, tool_only: bool,
                      pins: Sequence[int] = (),
@@ -854,7 +871,7 @@ class Engine:
                     if (view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i])
                             or i in pins):
                         continue
-                    if tool_only and self.dialect.role(msgs[i]) != "tool":
+                    if tool_only and self._dialect.role(msgs[i]) != "tool":
                         continue
                     keep_tokens = max(_TRUNCATE_FLOOR // 2, current - excess)
                     copy, new_tokens = self._shrink(msgs[i], view.tokens[i], keep_tokens)
@@ -868,7 +885,7 @@ class Engine:
         return out
 
     def _turn_start(self, view: _View, i: int) -> bool:
-        is_model = self.dialect.is_model_output
+        is_model = self._dialect.is_model_output
         return is_model(view.messages[i]) and (i == 0 or not is_model(view.messages[i - 1]))
 
     def _truncate_tail(self, view: _View, entry: PrefixEntry, plan: _Plan) -> PrefixEntry:
@@ -883,11 +900,11 @@ class Engine:
     def _shrink(self, message: Any, tokens: int, keep_tokens: int) -> tuple[Any, int]:
         """Head+tail truncate ``message`` to about ``keep_tokens`` (a few refinements)."""
         try:
-            chars = max(200, len(self.dialect.text_of(message)) * keep_tokens // max(tokens, 1))
+            chars = max(200, len(self._dialect.text_of(message)) * keep_tokens // max(tokens, 1))
             copy, size = message, tokens
             for _ in range(4):
-                copy = self.dialect.truncate(message, chars)
-                size = self.meter.count(copy) if copy is not message else tokens
+                copy = self._dialect.truncate(message, chars)
+                size = self._meter.count(copy) if copy is not message else tokens
                 if size <= keep_tokens or chars <= 200:
                     break
                 chars = max(200, chars * keep_tokens // size - 16)
@@ -902,20 +919,20 @@ class Engine:
         after = _State(entry).tokens_at(view, plan.c) if entry is not None else plan.before
         if entry is not None:
             for idx, (_, _, tokens) in sorted(entry.overrides.items()):
-                dropped.append(DroppedItem(idx, self.dialect.role(view.messages[idx]),
+                dropped.append(DroppedItem(idx, self._dialect.role(view.messages[idx]),
                                            "truncated", view.tokens[idx] - tokens))
         n = len(view.messages)
         n_after = (plan.head_len + len(entry.kept) + (entry.message is not None) + n - plan.cut
                    if entry is not None else n)
         event = CompactionEvent(
-            strategy=self.strategy_name, dialect=self.dialect.name,
+            strategy=self.strategy_name, dialect=self._dialect.name,
             tokens_before=plan.before, tokens_after=after, messages_before=n,
             messages_after=n_after, head_len=plan.head_len, cut=plan.cut, reason=plan.reason,
             level=entry.level if entry else 0, recent_turns=plan.recent_turns,
-            over_budget=after > self.budget.limit, latency_s=time.perf_counter() - t0,
+            over_budget=after > self._budget.limit, latency_s=time.perf_counter() - t0,
             error="; ".join(errors) if errors else None,
             fallback=None if rung == "strategy" else rung, dropped=dropped,
-            episode_id=self.episode_id,
+            episode_id=self._episode_id,
         )
         if rendered is not None and entry is not None:
             event.errors = [str(e) for e in (getattr(rendered, "errors", None) or [])]
@@ -930,18 +947,18 @@ class Engine:
         after = state.tokens_at(view, n)
         compacted = any(e.fallback != "none" for e in events)
         for event in events:                                                  # report
-            self.pm.hook.agentcompact_on_compaction(event=event)
+            self._pm.hook.agentcompact_on_compaction(event=event)
         failed = next((e for e in events if e.error), None)
         if failed is not None and not self._warned:
             self._warned = True
             log.warning("agentcompact: a %s compaction fell back to %s (%s); later fallbacks "
                         "of this engine go to on_compaction only", failed.strategy,
                         failed.fallback, failed.error)
-        over = after > self.budget.limit
-        if over and self.strict:
+        over = after > self._budget.limit
+        if over and self._strict:
             raise OverBudgetError(
                 f"context is {after} tokens after compaction, over the limit "
-                f"{self.budget.limit}", after, self.budget.limit)
+                f"{self._budget.limit}", after, self._budget.limit)
         return CompactionResult(
             messages=out, compacted=compacted, modified=entry is not None,
             tokens_original=original, tokens_before=outcome.before, tokens_after=after,
@@ -953,7 +970,7 @@ class Engine:
     def _name_bad_message(self, msgs: Sequence[Any]) -> None:
         """On the error path only: raise the dialect's error again naming the index and
         type of the first message it cannot read (never its content)."""
-        dialect = self.dialect
+        dialect = self._dialect
         for i, message in enumerate(msgs):
             try:
                 dialect.role(message)
@@ -967,7 +984,7 @@ class Engine:
             self._refresh_seed()
             last = self._last_view
             if last is None:
-                measured = self.meter.measure(msgs)
+                measured = self._meter.measure(msgs)
                 digests, tokens = measured.digests, measured.tokens
                 view = _View(msgs, digests, tokens, chain_digests(digests, seed=self._seed),
                              [0, *itertools.accumulate(tokens)])
@@ -1008,14 +1025,14 @@ class Engine:
                 tokens += last.tokens[k:overlap]
             else:
                 todo = [i for i, s in enumerate(same, k) if not s]
-                m = self.meter.measure([msgs[i] for i in todo])
+                m = self._meter.measure([msgs[i] for i in todo])
                 remeasured = iter(zip(m.digests, m.tokens))
                 for i, s in enumerate(same, k):
                     d, t = (last.digests[i], last.tokens[i]) if s else next(remeasured)
                     digests.append(d)
                     tokens.append(t)
         if len(msgs) > len(digests):
-            measured = self.meter.measure(msgs[len(digests):])
+            measured = self._meter.measure(msgs[len(digests):])
             digests += measured.digests
             tokens += measured.tokens
         # the chain and the prefix sums are recomputed from the first changed message
@@ -1036,7 +1053,7 @@ class Engine:
         lengths the previous lookup found empty are skipped while the store's version and
         the history up to them are unchanged (same answer: nothing was put since).
         """
-        store = self.store
+        store = self._store
         get = store.get
         chain = view.chain
         version = getattr(store, "version", None)
@@ -1068,17 +1085,17 @@ class Engine:
 
     def _should_compact(self, view: _View, state: _State, n: int) -> bool:
         tokens = state.tokens_at(view, n)
-        if self.pm.hook.agentcompact_should_compact.get_hookimpls():
-            decided = self.pm.hook.agentcompact_should_compact(
-                messages=state.messages_at(view, n), tokens=tokens, budget=self.budget,
-                dialect=self.dialect,
+        if self._pm.hook.agentcompact_should_compact.get_hookimpls():
+            decided = self._pm.hook.agentcompact_should_compact(
+                messages=state.messages_at(view, n), tokens=tokens, budget=self._budget,
+                dialect=self._dialect,
             )
             if decided is not None:
                 if not isinstance(decided, bool):
                     raise PluginError(f"agentcompact_should_compact returned a "
                                       f"{type(decided).__name__}; expected True, False or None")
                 return decided
-        return tokens > self.budget.trigger
+        return tokens > self._budget.trigger
 
 
 def _common(a: list[Any], b: list[Any], k: int) -> int:
@@ -1106,17 +1123,6 @@ def _raw_digests(messages: list[Any], start: int, end: int | None = None) -> lis
             except TypeError:
                 out.append(object())
         return out
-
-
-def _make_budget(budget: Budget | None, trigger: int | None, target: int | None) -> Budget:
-    if budget is not None:
-        if trigger is not None or target is not None:
-            raise ConfigError("give either budget= or trigger_tokens=/target_tokens=, not both")
-        if not isinstance(budget, Budget):
-            raise ConfigError(f"budget must be a Budget, got {type(budget).__name__}")
-        return budget
-    return Budget(trigger_tokens=trigger if trigger is not None else 100_000,
-                  target_tokens=target)
 
 
 _SUMMARY_OVERHEAD = 32  # tokens of a summary message besides its output (header, framing)

@@ -170,6 +170,9 @@ class MessageMeter:
     """
 
     def __init__(self, counter: TokenCounter, dialect: Dialect, max_entries: int = 200_000):
+        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries <= 0:
+            raise ConfigError(f"MessageMeter.max_entries must be a positive int, got "
+                              f"{max_entries!r}")
         self.counter = counter
         self.dialect = dialect
         self._max = max_entries

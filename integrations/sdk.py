@@ -609,7 +609,7 @@ class CompactedClient:
     def episode_id(self, value: str) -> None:
         self.session.episode_id = value
         for engine in self.session.engines.values():
-            engine.episode_id = value
+            engine.new_episode(value)
 
     @property
     def group_id(self) -> str | None:

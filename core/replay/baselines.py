@@ -31,6 +31,7 @@ from ..engine import Engine
 from ..errors import ConfigError
 from ..events import CompactionEvent
 from ..pluginmanager import registry
+from ..settings import StrategySettings
 from ..tokens import MessageMeter, TokenCounter
 from ..turns import split_turns
 
@@ -240,12 +241,10 @@ def build_contender(name: str, dialect: Dialect, meter: MessageMeter, system: st
         return SlidingWindow(dialect, meter, settings.trigger)
     if name == "cliffcompaction":
         return CliffCompactionContender(dialect.name, settings.trigger, system)
-    engine = Engine(strategy=name, dialect=dialect, budget=settings.budget,
-                    counter=meter.counter, plugins=settings.pm,
-                    strategy_settings=_summarizer_settings(name, settings))
-    # One meter per session: each message is parsed, digested and counted once, however
-    # many engines measure it (same counter and dialect, so the figures are unchanged).
-    engine.meter = meter
+    engine = Engine(strategy=StrategySettings(name, options=_summarizer_settings(name, settings)),
+                    dialect=dialect, budget=settings.budget, counter=meter, plugins=settings.pm)
+    # counter=meter: one meter per session, each message parsed, digested and counted once,
+    # however many engines measure it (same counter and dialect: the figures are unchanged).
     return EngineContender(name, engine)
 
 

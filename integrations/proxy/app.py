@@ -43,8 +43,9 @@ from agentcompact.engine import CompactionResult, Engine
 from agentcompact.events import ModelCall
 from agentcompact.logging_hooks import log_model_call
 from agentcompact.plugins import get_plugin_manager, registry
+from agentcompact.settings import StrategySettings
 from agentcompact.store import InMemoryPrefixStore, PrefixStore
-from agentcompact.tokens import make_counter
+from agentcompact.tokens import MessageMeter, make_counter
 
 from .bodies import BodyCache, Parsed, encode
 from .config import ProxyConfig
@@ -52,6 +53,7 @@ from .h1 import Held
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
 from .relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
+from .speculation import Speculation
 from .upstream import UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
 from .wire import (
     ANTHROPIC,
@@ -147,11 +149,12 @@ class EnginePool:
         return tokens + new_bytes // 2 <= self.budget.trigger
 
     def _new(self, dialect: str, session: str) -> Engine:
-        engine = Engine(strategy=self.config.strategy, dialect=self.dialects[dialect],
-                        budget=self.budget, counter=self.counter, store=self.store,
-                        plugins=self.pm, episode_id=session,
-                        strategy_settings=self.config.strategy_options or None,
-                        max_cached_messages=_METER_ENTRIES)
+        strategy = StrategySettings(self.config.strategy, options=self.config.strategy_options)
+        engine = Engine(strategy=strategy, dialect=self.dialects[dialect],
+                        budget=self.budget, store=self.store,
+                        counter=MessageMeter(self.counter, self.dialects[dialect],
+                                             max_entries=_METER_ENTRIES),
+                        plugins=self.pm, episode_id=session)
         return engine
 
 
@@ -181,6 +184,7 @@ class CompactionProxy:
         #: of them is likely to go unchanged too (see ``_speculate``)
         self._unchanged: weakref.WeakKeyDictionary[Parsed, tuple[int, int | None, int]] = (
             weakref.WeakKeyDictionary())
+        self._speculation = Speculation()
 
     # --- lifecycle ----------------------------------------------------------------
     async def aclose(self) -> None:
@@ -287,13 +291,13 @@ class CompactionProxy:
             if (limit is not None and len(plan.raw) > limit
                     and not self.engines.quiet(engine, new_bytes)):
                 return False
-            version = engine.store_version  # before: a put meanwhile makes it stale
+            version = self._speculation.store_version(engine)  # before: a put may follow
             fixed = _fixed(plan)
             plan.result = engine.compact(plan.messages, fixed_tokens=fixed)
             self.engines.sent_tokens[engine] = plan.result.tokens_after
             self._apply(plan)
             if plan.held is not None and plan.held.released and plan.out is not plan.raw:
-                # cannot happen while Engine.leaves_unchanged holds; the body is upstream
+                # cannot happen while Speculation.leaves_unchanged holds; the body is upstream
                 log.error("a body sent before the engine finished was changed by it; "
                           "the original went upstream (session %s)", plan.ex.session)
                 plan.out, plan.sent_messages, plan.refusal = plan.raw, plan.messages, None
@@ -323,18 +327,19 @@ class CompactionProxy:
         """Complete the held request before measuring when the engine is certain to leave
         the body unchanged: the messages it shares with the earlier body count what they
         counted then, the new ones at most their UTF-8 bytes (plus overheads), and no
-        prefix was stored since (``Engine.leaves_unchanged``). The upstream then works on
+        prefix was stored since (``Speculation.leaves_unchanged``). The upstream then works on
         the request while the engine tokenizes the new messages for its exact figures."""
         engine, held, known, parsed = plan.engine, plan.held, plan.known, plan.parsed
         if engine is None or held is None or plan.messages is None or known is None:
             return
         tokens, version, fixed = known
         if parsed is not None and parsed.reused:  # the earlier body's messages, as counted
-            new = engine.token_bound(plan.messages[parsed.reused:])
+            new = self._speculation.token_bound(engine, plan.messages[parsed.reused:])
             bound = None if new is None else tokens - fixed + new
         else:
-            bound = engine.token_bound(plan.messages)
-        if bound is not None and engine.leaves_unchanged(bound + _fixed(plan), version):
+            bound = self._speculation.token_bound(engine, plan.messages)
+        if bound is not None and self._speculation.leaves_unchanged(engine, bound + _fixed(plan),
+                                                                    version):
             held.release()
 
     def _parse(self, plan: _Plan, headers: Any, match: Any = True) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 from typing import Any
 
@@ -12,12 +13,16 @@ from agentcompact import (
     ConfigError,
     Engine,
     OverBudgetError,
+    StrategySettings,
+    TiktokenCounter,
+    get_dialect,
     hookimpl,
     new_plugin_manager,
     validate,
 )
 from agentcompact.markers import COMPACTION_HEADER
 from agentcompact.strategies.cliff import CliffStrategy
+from agentcompact.tokens import MessageMeter
 
 from .histories import build, call_points
 
@@ -219,30 +224,60 @@ def test_config_errors_name_the_problem() -> None:
         Budget(trigger_tokens=100, target_tokens=200)
     with pytest.raises(ConfigError, match="min_recent_turns"):
         Budget(trigger_tokens=100, min_recent_turns=4, recent_turns=3)
-    with pytest.raises(ConfigError, match="either budget"):
-        Engine(budget=Budget(100), trigger_tokens=5, plugins=new_plugin_manager())
+    with pytest.raises(ConfigError, match="budget must be a Budget, got int"):
+        Engine(budget=100, plugins=new_plugin_manager())  # type: ignore[arg-type]  # on purpose
     with pytest.raises(ConfigError, match="messages must be a list"):
         engine("openai_chat").compact("hello")  # type: ignore[arg-type]  # wrong on purpose
 
 
-def test_keyword_shortcuts() -> None:
-    e = Engine(dialect="openai_chat", trigger_tokens=5000, target_tokens=1000,
-               plugins=new_plugin_manager())
-    assert e.budget.trigger == 5000 and e.budget.target == 1000
+def test_moved_parameters_say_where_they_went() -> None:
+    pm = new_plugin_manager()
+    with pytest.raises(TypeError, match=r"trigger_tokens= is now budget=Budget\(trigger_tokens"):
+        Engine(trigger_tokens=5000, plugins=pm)
+    with pytest.raises(TypeError, match=r"model= is now strategy=StrategySettings\(name, model"):
+        Engine(strategy="summary", model="m", plugins=pm)
+    with pytest.raises(TypeError, match="validate_output= is now nothing: output is always"):
+        Engine(validate_output=False, plugins=pm)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        Engine(bogus=1, plugins=pm)  # type: ignore[call-arg]  # wrong on purpose
+    params = [p for p in inspect.signature(Engine).parameters]
+    assert params == ["strategy", "dialect", "budget", "counter", "store", "plugins", "strict",
+                      "episode_id"]
+    with pytest.raises(TypeError, match=r"max_cached_messages= is now counter=MessageMeter"):
+        Engine(max_cached_messages=2, plugins=pm)
+
+
+def test_strategy_settings_name_the_field() -> None:
+    for kwargs, field in (({"name": ""}, "name"), ({"options": [1]}, "options"),
+                          ({"options": {1: 2}}, "options"), ({"base_url": "ftp://x"}, "base_url"),
+                          ({"model": 3}, "model"), ({"api_key": ""}, "api_key"),
+                          ({"summarizer": "gpt"}, "summarizer")):
+        with pytest.raises(ConfigError, match=f"StrategySettings.{field}"):
+            StrategySettings(**kwargs)
+    settings = StrategySettings("summary", options={"timeout": 5}, model="m", api_key="sk-secret")
+    assert "sk-secret" not in repr(settings)
+    assert settings.factory_kwargs() == {"timeout": 5, "model": "m", "api_key": "sk-secret"}
+    with pytest.raises(TypeError):
+        settings.options["timeout"] = 6  # type: ignore[index]  # frozen, options too
 
 
 def test_summarizer_options_name_the_problem() -> None:
     pm = new_plugin_manager()
     with pytest.raises(ConfigError, match="strategy 'cliff' does not take the settings model"):
-        Engine(strategy="cliff", model="gpt-4o-mini", plugins=pm)
+        Engine(strategy=StrategySettings("cliff", model="gpt-4o-mini"), plugins=pm)
     with pytest.raises(ConfigError, match="model given twice"):
-        Engine(strategy="summary", model="a", strategy_settings={"model": "b"}, plugins=pm)
-    with pytest.raises(ConfigError, match="strategy object"):
-        Engine(strategy=CliffStrategy(), summarizer={"model": "m"}, plugins=pm)
-    with pytest.raises(ConfigError, match="max_cached_messages must be positive"):
-        Engine(max_cached_messages=0, plugins=pm)
-    bounded = Engine(max_cached_messages=2, dialect="openai_chat", trigger_tokens=10**6,
-                     plugins=pm)
+        Engine(strategy=StrategySettings("summary", options={"model": "b"}, model="a"), plugins=pm)
+    with pytest.raises(ConfigError, match="StrategySettings.name must be a strategy name, got "
+                       "CliffStrategy"):
+        StrategySettings(CliffStrategy(), summarizer={"model": "m"})  # type: ignore[arg-type]
+    chat = get_dialect("openai_chat")
+    with pytest.raises(ConfigError, match="MessageMeter.max_entries must be a positive int"):
+        MessageMeter(TiktokenCounter(), chat, max_entries=0)
+    with pytest.raises(ConfigError, match="counter: a MessageMeter of dialect 'anthropic'"):
+        Engine(counter=MessageMeter(TiktokenCounter(), get_dialect("anthropic")), plugins=pm)
+    meter = MessageMeter(TiktokenCounter(), chat, max_entries=2)
+    bounded = Engine(counter=meter, dialect=chat, budget=Budget(trigger_tokens=10**6), plugins=pm)
+    assert bounded.counter is meter.counter
     msgs = build("openai_chat", PLAN)
     assert bounded.compact(msgs).tokens_before == engine("openai_chat").compact(msgs).tokens_before
 

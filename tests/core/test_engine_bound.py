@@ -1,7 +1,7 @@
-"""``MessageMeter.bound`` / ``Engine.token_bound`` / ``Engine.leaves_unchanged``: a count
-bounded without tokenizing, and the certificate the proxy completes a held request on
-before measuring. A wrong bound or certificate would let a body go upstream that the
-engine would have changed, so these are checked on real text and real sessions."""
+"""``MessageMeter.bound``: a count bounded without tokenizing (the proxy's certificate is
+built on it: tests/integrations/proxy/test_speculation.py), and ``Engine.fixed_tokens``. A
+wrong bound would let a body go upstream that the engine would have changed, so it is
+checked on real text and real sessions."""
 
 from __future__ import annotations
 
@@ -13,16 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcompact import Budget, Engine, get_dialect, new_plugin_manager
-from agentcompact.hookspecs import hookimpl
-from agentcompact.store import PrefixEntry
 from agentcompact.tokens import CharEstimateCounter, MessageMeter, TiktokenCounter
 from agentcompact.trajectory import iter_trajectories
 
 from ..conftest import TRAJECTORIES, needs_shared_data
-from .histories import build
-from .test_engine_reuse import DictStore
-
-PLAN = [(60, [1500, 200], 0), (40, [3000], 80), (0, [800, 800, 800], 0)] * 4
 
 
 class OpaqueCounter:
@@ -77,67 +71,6 @@ def engine(trigger: int, **kw: Any) -> Engine:
     kw.setdefault("plugins", new_plugin_manager())
     return Engine(strategy="cliff", dialect="openai_chat",
                   budget=Budget(trigger_tokens=trigger), **kw)
-
-
-def test_certificate_agrees_with_compact_on_a_growing_session() -> None:
-    """At every step: when the certificate (bound from the step before, store version
-    unchanged) says unchanged, ``compact`` leaves the history unchanged; it is given on
-    most steps under the trigger and never once the session has been compacted."""
-    history = build("openai_chat", PLAN)
-    e = engine(trigger=5_000)
-    since: int | None = None
-    certified = 0
-    compacted_once = False
-    for n in range(3, len(history) + 1):
-        messages = history[:n]
-        bound = e.token_bound(messages)
-        assert bound is not None
-        sure = e.leaves_unchanged(bound, since)
-        version = e.store_version
-        result = e.compact(messages)
-        if sure:
-            certified += 1
-            assert not result.modified and result.messages == messages
-            assert not compacted_once
-        compacted_once = compacted_once or result.modified
-        since = version if not result.modified else None
-    assert compacted_once
-    assert certified >= 5
-
-
-def test_no_certificate_after_a_put_or_without_a_store_version() -> None:
-    e = engine(trigger=100_000)
-    history = build("openai_chat", PLAN[:3])
-    version = e.store_version
-    assert version is not None
-    assert e.leaves_unchanged(10, version)
-    e.store.put("some-chain-digest", PrefixEntry(head_len=1, cut=1, message=history[0],
-                                                 message_tokens=10, strategy="cliff"))
-    assert not e.leaves_unchanged(10, version)  # something was stored since
-    assert not e.leaves_unchanged(10, None)
-    assert not e.leaves_unchanged(100_001, e.store_version)  # over the trigger
-
-    plain = engine(trigger=100_000, store=DictStore())  # a store without a version
-    assert plain.store_version is None
-    assert not plain.leaves_unchanged(10, plain.store_version)
-
-
-def test_no_certificate_when_a_plugin_decides_compaction() -> None:
-    class Always:
-        @hookimpl
-        def agentcompact_should_compact(self, messages: Any, tokens: int, budget: Any,
-                                        dialect: Any) -> bool:
-            return True
-
-    pm = new_plugin_manager()
-    pm.register(Always())
-    e = engine(trigger=100_000, plugins=pm)
-    assert not e.leaves_unchanged(10, e.store_version)
-
-
-def test_token_bound_is_none_for_a_counter_without_the_promise() -> None:
-    e = engine(trigger=100_000, counter=OpaqueCounter())
-    assert e.token_bound([{"role": "user", "content": "hi"}]) is None
 
 
 def test_fixed_tokens_count_system_instructions_and_tools_by_content() -> None:

@@ -140,20 +140,16 @@ def test_an_entry_put_by_another_engine_is_found_at_prefixes_already_checked(
     assert outcome(seen)[0] == outcome(done)[0] and seen.tokens_after == done.tokens_after
 
 
-@pytest.mark.parametrize("name", DIALECTS)
-def test_a_store_swapped_in_is_asked_about_every_prefix(name: str) -> None:
-    msgs = build(name, PLAN)
-    worker_store = InMemoryPrefixStore()
-    done = engine(name, store=worker_store).compact(msgs)
-    assert done.compacted
-    first = InMemoryPrefixStore()
-    for k in range(worker_store.version):  # the same version number, other entries
-        first.put(f"unrelated-{k}", PrefixEntry(0, 1, None, 0, "cliff"))
-    watcher = engine(name, store=first, plugins=_never())
-    assert not watcher.compact(msgs).modified
-    watcher.store = worker_store
-    seen = watcher.compact(msgs)
-    assert seen.modified and seen.tokens_after == done.tokens_after
+def test_the_configuration_is_read_only() -> None:
+    """The store, budget and the rest seed the prefix-store keys and the lookup memo: they
+    are fixed at construction (a new episode goes through ``new_episode``)."""
+    e = engine("openai_chat")
+    for name, value in (("store", InMemoryPrefixStore()), ("budget", e.budget),
+                        ("episode_id", "other"), ("strategy", e.strategy), ("pm", e.pm),
+                        ("dialect", e.dialect), ("counter", e.counter), ("strict", True)):
+        with pytest.raises(AttributeError):
+            setattr(e, name, value)
+    assert e.new_episode("other") == "other" == e.episode_id
 
 
 class DictStore:

@@ -431,7 +431,7 @@ def test_deeply_nested_tool_input_is_rendered_by_cliff_not_the_safe_rung() -> No
              "input": deep if k == 3 else {"q": 1}}]})
         msgs.append({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": f"t{k}", "content": "out " * 300}]})
-    result = Engine(dialect="anthropic", trigger_tokens=8000).compact(msgs)
+    result = Engine(dialect="anthropic", budget=Budget(trigger_tokens=8000)).compact(msgs)
     assert result.compacted
     assert result.event is not None and result.event.fallback is None, result.event.error
 
@@ -444,7 +444,7 @@ def test_a_non_message_is_named_by_index_and_type_never_content(bad: Any) -> Non
                  {"role": "assistant", "content": "ok " * 40}]
     msgs.insert(5, bad)
     with pytest.raises(DialectError) as info:
-        Engine(dialect="openai_chat", trigger_tokens=300).compact(msgs)
+        Engine(dialect="openai_chat", budget=Budget(trigger_tokens=300)).compact(msgs)
     text = str(info.value)
     assert text.startswith(f"message 5 ({type(bad).__name__})"), text
     assert "a string" not in text and "hi hi" not in text

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from agentcompact import Budget, Engine, new_plugin_manager, validate
 from agentcompact.markers import COMPACTION_HEADER
+from agentcompact.tokens import MessageMeter
 
 from .histories import build, call_points
 
@@ -75,7 +76,7 @@ def test_verbatim_provenance(dialect: str, plan: Any, budget: tuple[int, float])
     from agentcompact.strategies.base import CompactionRequest
 
     req = CompactionRequest(msgs, engine.dialect, result.head_len, result.head_len, result.cut,
-                            10**9, engine.meter, engine.pm)
+                            10**9, MessageMeter(engine.counter, engine.dialect), engine.pm)
     for level in range(3):
         for verbatim, piece in render_segments(req, level):
             if verbatim and piece:

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentcompact import Budget, Engine, new_plugin_manager
+from agentcompact import Budget, Engine, StrategySettings, new_plugin_manager
 from agentcompact.archive import MemoryArchive, SQLiteArchive, handle_of
 from agentcompact.expand import expand
 from tests.core.histories import build, call_points
@@ -41,8 +41,8 @@ def test_every_part_left_out_expands_byte_identical(dialect: str, plan: Any, tri
     seen = Collector()
     pm.register(seen)
     archive = MemoryArchive()
-    engine = Engine("cliff", dialect, Budget(trigger, max(1, int(trigger * share))),
-                    plugins=pm, strategy_settings={"archive": archive})
+    engine = Engine(StrategySettings("cliff", options={"archive": archive}), dialect,
+                    Budget(trigger, max(1, int(trigger * share))), plugins=pm)
     msgs = build(dialect, plan)
     d = engine.dialect
     checked = 0
@@ -74,14 +74,14 @@ def test_skim_lines_are_byte_stable_across_a_restart(tmp_path: Path) -> None:
     plan = [(300, [2500, 900], 0), (200, [4000], 0), (0, [700], 60)] * 5
     msgs = build("anthropic", plan)
     path = tmp_path / "archive.sqlite"
-    first = _compaction_text(Engine("cliff", "anthropic", Budget(6000, 2500),
-                                    plugins=new_plugin_manager(),
-                                    strategy_settings={"archive": str(path)}), msgs)
+    first = _compaction_text(Engine(StrategySettings("cliff", options={"archive": str(path)}),
+                                    "anthropic", Budget(6000, 2500),
+                                    plugins=new_plugin_manager()), msgs)
     handles = re.findall(r"ac-[0-9a-f]{12}", first)
     assert handles
     SQLiteArchive(path).close()  # the process's connection goes: the next one is new
-    again = Engine("cliff", "anthropic", Budget(6000, 2500), plugins=new_plugin_manager(),
-                   strategy_settings={"archive": str(path)})
+    again = Engine(StrategySettings("cliff", options={"archive": str(path)}), "anthropic",
+                   Budget(6000, 2500), plugins=new_plugin_manager())
     assert _compaction_text(again, msgs) == first  # same bytes: same prompt-cache prefix
     reopened = SQLiteArchive(path)
     for handle in handles:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Budget, Engine, new_plugin_manager
+from agentcompact import Budget, Engine, StrategySettings, new_plugin_manager
 from agentcompact.archive import MemoryArchive, handle_of
 from agentcompact.expand import expand
 from agentcompact.plugins.rules import PLUGIN_NAME, is_rule
@@ -43,12 +43,12 @@ def test_rule_pinned_by_default_and_off_when_unregistered() -> None:
     # human text carried is dropped last; a tiny target drops it unless pinned
     budget = Budget(3000, 400, recent_turns=1)
     strategy = {"human_floor_tokens": 0}
-    assert RULE in sent_text(Engine("cliff", "openai_chat", budget, plugins=pm,
-                                    strategy_settings=strategy), msgs)
+    assert RULE in sent_text(Engine(StrategySettings("cliff", options=strategy), "openai_chat",
+                                    budget, plugins=pm), msgs)
     off = new_plugin_manager()
     off.unregister(name=PLUGIN_NAME)
-    assert RULE not in sent_text(Engine("cliff", "openai_chat", budget, plugins=off,
-                                        strategy_settings=strategy), msgs)
+    assert RULE not in sent_text(Engine(StrategySettings("cliff", options=strategy), "openai_chat",
+                                        budget, plugins=off), msgs)
 
 
 def test_environment_switch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,8 +65,8 @@ def test_floor_keeps_human_text_when_a_kept_result_is_huge() -> None:
     pm = new_plugin_manager()
     pm.unregister(name=PLUGIN_NAME)  # the floor alone, no pins
     archive = MemoryArchive()
-    engine = Engine("cliff", "openai_chat", Budget(12_000, 6_000, recent_turns=1),
-                    plugins=pm, strategy_settings={"archive": archive})
+    engine = Engine(StrategySettings("cliff", options={"archive": archive}), "openai_chat",
+                    Budget(12_000, 6_000, recent_turns=1), plugins=pm)
     result = engine.compact(msgs)
     text = "\n".join(engine.dialect.text_of(m) for m in result.messages)
     humans = [m["content"] for m in msgs[2:] if m["role"] == "user"]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact import CompactionEvent, ModelCall, hookimpl, new_plugin_manager
+from agentcompact import Budget, CompactionEvent, ModelCall, hookimpl, new_plugin_manager
 
 
 class Collector:
@@ -47,7 +47,7 @@ def sent_tokens(body: dict[str, Any], dialect: str = "openai_chat") -> int:
 
     meter = _METERS.get(dialect)
     if meter is None:
-        meter = _METERS[dialect] = Engine(dialect=dialect, trigger_tokens=10**9)
+        meter = _METERS[dialect] = Engine(dialect=dialect, budget=Budget(trigger_tokens=10**9))
     messages = body.get(_KEYS[dialect])
     count = meter.count(messages) if isinstance(messages, list) else 0
     return int(count + meter.fixed_tokens(body))

@@ -361,7 +361,7 @@ def test_engine_instance_and_logger_metadata(server: RunningServer, pm: Any,
     graph.invoke({"messages": [HumanMessage("Fix the bug.")]}, config)
     assert {(c.episode_id, c.group_id) for c in collector.calls} == {("run-7", "g7")}
     with pytest.raises(Exception, match="LangChainDialect"):
-        CompactionNode(Engine(dialect="openai_chat", trigger_tokens=100))
+        CompactionNode(Engine(dialect="openai_chat", budget=Budget(trigger_tokens=100)))
 
 
 # ------------------------------------------------------------------ what the model receives
@@ -495,5 +495,5 @@ def test_engine_names_a_non_message_in_a_langchain_history(bad: Any) -> None:
     msgs.insert(5, bad)
     with pytest.raises(DialectError, match=rf"^message 5 \({type(bad).__name__}\): langchain"
                        ) as info:
-        Engine(dialect=LangChainDialect(), trigger_tokens=300).compact(msgs)
+        Engine(dialect=LangChainDialect(), budget=Budget(trigger_tokens=300)).compact(msgs)
     assert "secret" not in str(info.value)

@@ -186,7 +186,7 @@ def test_engine_instance_and_errors() -> None:
     engine = Engine(dialect=LI, budget=Budget(trigger_tokens=TRIGGER))
     assert CompactingMemory(engine).engine is engine
     with pytest.raises(Exception, match="LlamaIndexDialect"):
-        CompactingMemory(Engine(dialect="openai_chat", trigger_tokens=100))
+        CompactingMemory(Engine(dialect="openai_chat", budget=Budget(trigger_tokens=100)))
     with pytest.raises(Exception, match="trigger_tokens"):
         CompactingMemory()
     logger = ModelCallLogger(episode_id="e")

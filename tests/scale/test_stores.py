@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Engine
+from agentcompact import Budget, Engine
 from agentcompact.errors import StoreError
 from agentcompact.store import PrefixEntry
 from agentcompact.stores import SharedPrefixStore, store_from_url
@@ -84,7 +84,7 @@ def test_engines_on_two_stores_send_the_same_compacted_prefix(open_store: StoreF
     a, b = open_store(), open_store()
 
     def engine(store: SharedPrefixStore) -> Engine:
-        return Engine("cliff", "openai_chat", trigger_tokens=3000, target_tokens=1500,
+        return Engine("cliff", "openai_chat", Budget(trigger_tokens=3000, target_tokens=1500),
                       counter="chars", store=store)
 
     first = engine(a).compact(history)
@@ -169,7 +169,7 @@ def test_redis_down_and_back(redis_server: RedisServer, redis_url: str) -> None:
         assert store.get("k") == ENTRY  # from this process's cache
         assert store.get("theirs") is None  # cannot be fetched now: a miss, no error
         store.put("down", ENTRY)
-        engine = Engine("cliff", "openai_chat", trigger_tokens=3000, target_tokens=1500,
+        engine = Engine("cliff", "openai_chat", Budget(trigger_tokens=3000, target_tokens=1500),
                         counter="chars", store=store)
         assert engine.compact(chat_history(12)).compacted  # compacts locally
         assert store.status()["failures"] >= 1 and not store.status()["available"]
@@ -185,7 +185,7 @@ def test_redis_down_and_back(redis_server: RedisServer, redis_url: str) -> None:
 
 def test_redis_unreachable_from_the_start() -> None:
     store = store_from_url(f"redis://127.0.0.1:{free_port()}/0?timeout=0.2")
-    engine = Engine("cliff", "openai_chat", trigger_tokens=3000, target_tokens=1500,
+    engine = Engine("cliff", "openai_chat", budget=Budget(trigger_tokens=3000, target_tokens=1500),
                     counter="chars", store=store)
     history = chat_history(12)
     first = engine.compact(history)

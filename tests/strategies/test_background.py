@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Engine, validate
+from agentcompact import Budget, Engine, StrategySettings, validate
 from agentcompact.background import BackgroundCompactor
 from agentcompact.errors import ConfigError
 from agentcompact.integrations.upstream_sim import Fault, LatencyModel, Script, digest_reply
@@ -22,8 +22,8 @@ TRIGGER, TARGET, SOFT = 6_000, 3_000, 4_500
 
 
 def engine(server: Any, pm: Any, strategy: str = "summary", **settings: Any) -> Engine:
-    return Engine(strategy=strategy, plugins=pm, trigger_tokens=TRIGGER, target_tokens=TARGET,
-                  strategy_settings=client(server, **settings))
+    return Engine(strategy=StrategySettings(strategy, options=client(server, **settings)),
+                  plugins=pm, budget=Budget(trigger_tokens=TRIGGER, target_tokens=TARGET))
 
 
 async def test_swap_in_keeps_turns_that_arrived_meanwhile(sim, pm, log) -> None:

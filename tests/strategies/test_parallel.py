@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentcompact import Engine, hookimpl, validate
+from agentcompact import Budget, Engine, StrategySettings, hookimpl, validate
 from agentcompact.integrations.upstream_sim import Fault, LatencyModel, Reply, Script, digest_reply
 from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
 from agentcompact.strategies.parallel import ParallelStrategy, balanced_blocks
@@ -22,14 +22,14 @@ from .conftest import assert_clean_prompts, client, grow, history, prompt_of, te
 pytestmark = pytest.mark.network
 
 TRIGGER = 6_000
-BUDGET: dict[str, Any] = {"trigger_tokens": TRIGGER, "target_tokens": TRIGGER // 2}
+BUDGET: dict[str, Any] = {"budget": Budget(trigger_tokens=TRIGGER, target_tokens=TRIGGER // 2)}
 BLOCK = 1_200
 
 
 def engine(server: Any, pm: Any, **settings: Any) -> Engine:
     settings.setdefault("block_tokens", BLOCK)
-    return Engine(strategy="parallel", plugins=pm, **BUDGET,
-                  strategy_settings=client(server, **settings))
+    return Engine(strategy=StrategySettings("parallel", options=client(server, **settings)),
+                  plugins=pm, **BUDGET)
 
 
 def turns_in(text: str) -> set[str]:

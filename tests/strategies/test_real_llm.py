@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Engine, validate
+from agentcompact import Budget, Engine, StrategySettings, validate
 from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
 
 from .conftest import text_of
@@ -118,8 +118,9 @@ async def test_real_model_summarizes(strategy: str, pm, log) -> None:
     settings: dict[str, Any] = {"timeout": 300, "context_window": WINDOW, "max_retries": 1}
     if strategy == "parallel":
         settings.update(blocks=2, max_concurrency=2)
-    engine = Engine(strategy=strategy, plugins=pm, trigger_tokens=TRIGGER, target_tokens=TARGET,
-                    base_url=URL, model=MODEL, api_key="local", strategy_settings=settings)
+    engine = Engine(strategy=StrategySettings(strategy, options=settings, base_url=URL, model=MODEL,
+                                              api_key="local"),
+                    plugins=pm, budget=Budget(trigger_tokens=TRIGGER, target_tokens=TARGET))
     msgs = session()
     assert TRIGGER < engine.count(msgs) < 2_000  # sized for a small CPU model
     result = await engine.acompact(msgs)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Engine, hookimpl, validate
+from agentcompact import Budget, Engine, StrategySettings, hookimpl, validate
 from agentcompact.errors import ConfigError
 from agentcompact.integrations.upstream_sim import Fault, LatencyModel, Reply, Script
 from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
@@ -18,12 +18,12 @@ from .conftest import assert_clean_prompts, client, grow, history, prompt_of, te
 pytestmark = pytest.mark.network
 
 TRIGGER = 6_000
-BUDGET: dict[str, Any] = {"trigger_tokens": TRIGGER, "target_tokens": TRIGGER // 2}
+BUDGET: dict[str, Any] = {"budget": Budget(trigger_tokens=TRIGGER, target_tokens=TRIGGER // 2)}
 
 
 def engine(server: Any, pm: Any, **settings: Any) -> Engine:
-    return Engine(strategy="summary", plugins=pm, **BUDGET,
-                  strategy_settings=client(server, **settings))
+    return Engine(strategy=StrategySettings("summary", options=client(server, **settings)),
+                  plugins=pm, **BUDGET)
 
 
 def summary_text(result: Any) -> str:
@@ -230,7 +230,7 @@ def test_engine_settings_and_environment(sim, pm, monkeypatch: pytest.MonkeyPatc
     assert summary_text(eng.compact(history(14)))
     assert server.requests[0].body["model"] == "env-model"
     with pytest.raises(ConfigError, match="unknown strategy settings"):
-        Engine(strategy="summary", plugins=pm, strategy_settings={"bogus": 1})
+        Engine(strategy=StrategySettings("summary", options={"bogus": 1}), plugins=pm)
 
 
 def test_streaming_with_latency(sim, pm) -> None:
@@ -242,8 +242,9 @@ def test_streaming_with_latency(sim, pm) -> None:
 @pytest.mark.parametrize("strategy", ["summary", "parallel"])
 def test_engine_summarizer_shortcuts_reach_the_endpoint(sim, pm, log, strategy: str) -> None:
     server = sim()
-    eng = Engine(strategy=strategy, plugins=pm, **BUDGET, base_url=f"{server.base_url}/v1",
-                 model="shortcut-model", api_key="sk-shortcut")
+    eng = Engine(strategy=StrategySettings(strategy, base_url=f"{server.base_url}/v1",
+                                           model="shortcut-model", api_key="sk-shortcut"),
+                 plugins=pm, **BUDGET)
     result = eng.compact(history(14))
     assert result.compacted and result.event is not None and result.event.fallback is None
     assert server.requests, "the summarizer endpoint was never called"
@@ -256,8 +257,9 @@ def test_engine_summarizer_dict_and_env(sim, pm, monkeypatch) -> None:
     server = sim()
     monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_BASE_URL", f"{server.base_url}/v1")
     monkeypatch.setenv("AGENTCOMPACT_SUMMARIZER_API_KEY", "sk-env")
-    eng = Engine(strategy="summary", plugins=pm, **BUDGET,
-                 summarizer={"model": "dict-model", "max_retries": 0})
+    eng = Engine(strategy=StrategySettings("summary",
+                                           summarizer={"model": "dict-model", "max_retries": 0}),
+                 plugins=pm, **BUDGET)
     assert eng.compact(history(14)).compacted
     [request] = server.requests
     assert request.body["model"] == "dict-model"

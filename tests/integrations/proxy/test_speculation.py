@@ -1,0 +1,87 @@
+"""``Speculation``: the certificate the proxy completes a held request on before the engine
+has measured it (a token bound, the prefix store's version, the trigger). A wrong
+certificate would let a body go upstream that the engine would have changed, so it is
+checked against ``Engine.compact`` step by step on a growing session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentcompact import Budget, Engine, new_plugin_manager
+from agentcompact.hookspecs import hookimpl
+from agentcompact.integrations.proxy.speculation import Speculation
+from agentcompact.store import PrefixEntry
+
+from ...core.histories import build
+from ...core.test_engine_bound import OpaqueCounter
+from ...core.test_engine_reuse import DictStore
+
+PLAN = [(60, [1500, 200], 0), (40, [3000], 80), (0, [800, 800, 800], 0)] * 4
+SPEC = Speculation()
+
+
+def engine(trigger: int, **kw: Any) -> Engine:
+    kw.setdefault("plugins", new_plugin_manager())
+    return Engine(strategy="cliff", dialect="openai_chat",
+                  budget=Budget(trigger_tokens=trigger), **kw)
+
+
+def test_certificate_agrees_with_compact_on_a_growing_session() -> None:
+    """At every step: when the certificate (bound from the step before, store version
+    unchanged) says unchanged, ``compact`` leaves the history unchanged; it is given on
+    most steps under the trigger and never once the session has been compacted."""
+    history = build("openai_chat", PLAN)
+    e = engine(trigger=5_000)
+    since: int | None = None
+    certified = 0
+    compacted_once = False
+    for n in range(3, len(history) + 1):
+        messages = history[:n]
+        bound = SPEC.token_bound(e, messages)
+        assert bound is not None
+        sure = SPEC.leaves_unchanged(e, bound, since)
+        version = SPEC.store_version(e)
+        result = e.compact(messages)
+        if sure:
+            certified += 1
+            assert not result.modified and result.messages == messages
+            assert not compacted_once
+        compacted_once = compacted_once or result.modified
+        since = version if not result.modified else None
+    assert compacted_once
+    assert certified >= 5
+
+
+def test_no_certificate_after_a_put_or_without_a_store_version() -> None:
+    e = engine(trigger=100_000)
+    history = build("openai_chat", PLAN[:3])
+    version = SPEC.store_version(e)
+    assert version is not None
+    assert SPEC.leaves_unchanged(e, 10, version)
+    e.store.put("some-chain-digest", PrefixEntry(head_len=1, cut=1, message=history[0],
+                                                 message_tokens=10, strategy="cliff"))
+    assert not SPEC.leaves_unchanged(e, 10, version)  # something was stored since
+    assert not SPEC.leaves_unchanged(e, 10, None)
+    assert not SPEC.leaves_unchanged(e, 100_001, SPEC.store_version(e))  # over the trigger
+
+    plain = engine(trigger=100_000, store=DictStore())  # a store without a version
+    assert SPEC.store_version(plain) is None
+    assert not SPEC.leaves_unchanged(plain, 10, SPEC.store_version(plain))
+
+
+def test_no_certificate_when_a_plugin_decides_compaction() -> None:
+    class Always:
+        @hookimpl
+        def agentcompact_should_compact(self, messages: Any, tokens: int, budget: Any,
+                                        dialect: Any) -> bool:
+            return True
+
+    pm = new_plugin_manager()
+    pm.register(Always())
+    e = engine(trigger=100_000, plugins=pm)
+    assert not SPEC.leaves_unchanged(e, 10, SPEC.store_version(e))
+
+
+def test_token_bound_is_none_for_a_counter_without_the_promise() -> None:
+    e = engine(trigger=100_000, counter=OpaqueCounter())
+    assert SPEC.token_bound(e, [{"role": "user", "content": "hi"}]) is None
