@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -156,6 +158,12 @@ ERROR_LINE = re.compile(
     r"^E {2,}|^E\s+\w+|\d+ (?:failed|errors?)\b|Killed|Segmentation fault|No such file|"
     r"command not found|[Pp]ermission denied")
 _ERROR_LINE_MAX = 400  # a longer matching line is not kept whole (it would crowd the rest)
+#: every match of ERROR_LINE contains one of these literals or starts its line with "E"
+#: (``^E``): a line without any is not searched (the regex tries all its alternatives at
+#: every character; ``str.find`` over the whole text is a fraction of that)
+_ERROR_LITERALS = ("rror", "ERROR", "xcept", "FAIL", "ssert", "panic", "fatal", "xit",
+                   "returncode", "returned non-zero", "failed", "Killed", "Segmentation fault",
+                   "No such file", "command not found", "ermission denied", "Traceback")
 
 Piece = tuple[bool, str]
 """(verbatim?, text): a quoted slice of the original, or a marker agentcompact wrote."""
@@ -182,6 +190,23 @@ def truncation_pieces(text: str, max_chars: int, *, inline: bool = False,
     return [(True, head), (False, elision(omitted, inline, handle)), (True, tail)]
 
 
+def _error_lines(text: str, lines: Sequence[str]) -> list[int]:
+    """Indices of the lines of ``text`` (``lines``: its ``splitlines(keepends=True)``)
+    that match :data:`ERROR_LINE` and are short enough to keep whole, in order."""
+    starts = list(accumulate(map(len, lines), initial=0))
+    candidates = {i for i, line in enumerate(lines) if line[:1] == "E"}
+    find = text.find
+    for literal in _ERROR_LITERALS:  # no literal holds a line break: one line per hit
+        at = find(literal)
+        while at >= 0:
+            i = bisect_right(starts, at) - 1
+            candidates.add(i)
+            at = find(literal, starts[i + 1])
+    search = ERROR_LINE.search
+    return [i for i in sorted(candidates)
+            if len(lines[i]) <= _ERROR_LINE_MAX and search(lines[i])]
+
+
 def _line_pieces(text: str, budget: int, handle: str) -> list[Piece] | None:
     lines = text.splitlines(keepends=True)
     n = len(lines)
@@ -203,9 +228,9 @@ def _line_pieces(text: str, budget: int, handle: str) -> list[Piece] | None:
     tail_limit = used + budget * 3 // 10
     while tail_start > head_end and take(tail_start - 1, tail_limit):
         tail_start -= 1
-    for i in range(tail_start - 1, head_end - 1, -1):  # errors, the latest first
-        if len(lines[i]) <= _ERROR_LINE_MAX and ERROR_LINE.search(lines[i]):
-            take(i, budget)
+    errors = _error_lines(text, lines)
+    for i in reversed(errors[bisect_left(errors, head_end):bisect_left(errors, tail_start)]):
+        take(i, budget)  # errors, the latest first
     while tail_start > head_end and take(tail_start - 1, budget):  # the rest: more tail
         tail_start -= 1
     if used < budget // 4:
