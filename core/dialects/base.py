@@ -11,8 +11,8 @@ import json
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, ClassVar
 
 import orjson

@@ -108,6 +108,10 @@ class CliffStrategy:
     human_floor_tokens: int = 1_000
     archive: Any = None
     name: str = field(default="cliff", init=False)
+    #: handles and truncations of part texts, kept across calls (pure functions of the
+    #: text: carried items are not cut again at every compaction)
+    _texts: _TextCache = field(default_factory=lambda: _TextCache(), init=False,
+                               compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.archive = open_archive(self.archive)
@@ -124,7 +128,7 @@ class CliffStrategy:
 
     def compact(self, request: CompactionRequest) -> Rendered:
         items = _collect(request, self.carry_forward_human, self.carry_forward_calls)
-        context = _Context.of(request, items)
+        context = _Context.of(request, items, self._texts)
         rates = _token_rates(request, items)
         counter = request.meter.counter
         header_tokens = counter.count_texts([COMPACTION_HEADER])[0] + MESSAGE_OVERHEAD
@@ -133,7 +137,7 @@ class CliffStrategy:
         level = min(request.level, top)
         while True:
             blocks = [self._block(request, context, item, level) for item in items]
-            sizes = [_estimate(b.full, rate) for b, rate in zip(blocks, rates)]
+            sizes = [_size(context, b, rate) for b, rate in zip(blocks, rates)]
             total = sum(sizes) + len(blocks)
             if total <= budget or level == top:
                 break
@@ -158,10 +162,11 @@ class CliffStrategy:
 
     def _block(self, request: CompactionRequest, context: _Context, item: _Item, level: int
                ) -> _Block:
-        """``item`` rendered at ``level``'s caps, once per caps in a call (items carried
-        from earlier cycles keep theirs at every level)."""
+        """``item`` rendered at ``level``'s caps, once per call for every set of caps that
+        renders it the same (:func:`_shape`: most caps repeat between levels, and items
+        carried from earlier cycles keep theirs at every level)."""
         caps = self._caps(item, level)
-        key = ("block", item.index, id(caps))
+        key = ("block", item.index, _shape(context, item, caps))
         block: _Block | None = context.memo.get(key)
         if block is None:
             block = context.memo[key] = _render(request, context, item, caps)
@@ -248,12 +253,14 @@ class _Context:
     results: dict[str, Part]  # call ref -> the result answering it
     superseded: frozenset[str]  # refs of calls repeated later
     call_items: dict[str, int]  # call ref -> position of the item holding the call
+    texts: _TextCache  # handles and truncations by text (across calls)
     # one compaction renders its items at several levels, and most caps repeat between
-    # levels: truncations and skim lines are kept here for the call (never across calls)
+    # levels: renderings and skim lines are kept here for the call (never across calls)
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(cls, request: CompactionRequest, items: Sequence[_Item]) -> _Context:
+    def of(cls, request: CompactionRequest, items: Sequence[_Item],
+           texts: _TextCache | None = None) -> _Context:
         dialect = request.dialect
         calls: dict[str, tuple[str, str]] = {}
         results: dict[str, Part] = {}
@@ -272,7 +279,7 @@ class _Context:
         starts = split_turns(request.messages, dialect).starts
         rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
                     and not it.pinned for p in it.parts if p.kind == "tool_call"}
-        return cls(starts, calls, results, superseded, rendered)
+        return cls(starts, calls, results, superseded, rendered, texts or _TextCache())
 
     def skims_result(self, ref: str, caps: CliffLevel) -> bool:
         """True when the result of call ``ref`` is left out at ``caps``."""
@@ -283,6 +290,42 @@ class _Context:
 
     def turn(self, index: int) -> int:
         return bisect.bisect_right(self.turn_starts, index)
+
+
+class _TextCache:
+    """Handles and truncation pieces of texts, bounded: emptied when it holds more than
+    ``max_entries`` entries or ``max_chars`` characters of text (plain dict operations, so
+    threads sharing a strategy at worst compute a value twice)."""
+
+    def __init__(self, max_entries: int = 8_192, max_chars: int = 16_000_000) -> None:
+        self.max_entries, self.max_chars = max_entries, max_chars
+        self._handles: dict[str, str] = {}
+        self._pieces: dict[tuple[str, int, bool], tuple[Seg, ...]] = {}
+        self._chars = 0
+
+    def _room(self, text: str) -> None:
+        self._chars += len(text)
+        if (self._chars > self.max_chars
+                or len(self._handles) + len(self._pieces) >= self.max_entries):
+            self._handles, self._pieces, self._chars = {}, {}, len(text)
+
+    def handle(self, text: str) -> str:
+        found = self._handles.get(text)
+        if found is None:
+            found = handle_of(text)
+            self._room(text)
+            self._handles[text] = found
+        return found
+
+    def pieces(self, text: str, limit: int, inline: bool) -> tuple[Seg, ...]:
+        key = (text, limit, inline)
+        found = self._pieces.get(key)
+        if found is None:
+            found = tuple(truncation_pieces(text, limit, inline=inline,
+                                            handle=self.handle(text)))
+            self._room(text)
+            self._pieces[key] = found
+        return found
 
 
 def _call_key(name: str, args: str) -> str:
@@ -304,7 +347,7 @@ def _result_note(context: _Context, item: _Item, result: Part) -> str:
     superseded = " · superseded" if result.ref in context.superseded else ""
     lines = result.text.count("\n") + 1
     size = f"{lines} lines" if lines > 1 else f"{len(result.text)} chars"
-    return f"[→ {size}{superseded} · expand {handle_of(result.text)}]"
+    return f"[→ {size}{superseded} · expand {context.texts.handle(result.text)}]"
 
 
 def _size_note(text: str) -> str:
@@ -335,11 +378,52 @@ def _new_skim_line(context: _Context, item: _Item, part: Part, note: str) -> str
         role = "thinking" if kind == "thinking" else f"{item.role} text"
         what, size = role, _size_note(part.text)
     fields = [f"turn {turn}", what, *([size] if size else []), *([note] if note else []),
-              f"expand {handle_of(part.text)}"]
+              f"expand {context.texts.handle(part.text)}"]
     return "[" + " · ".join(fields) + "]"
 
 
 # --- rendering one item -------------------------------------------------------------------
+def _effective(limit: int, length: int) -> int:
+    """What a cap of ``limit`` characters does to a text of ``length``: -1 keeps it whole,
+    0 drops it (class-specific), else the limit it is cut to."""
+    return 0 if limit <= 0 else -1 if limit >= length else limit
+
+
+def _shape(context: _Context, item: _Item, caps: CliffLevel) -> tuple[Any, ...]:
+    """What of ``caps`` the rendering of ``item`` depends on (``_render_part`` reads
+    nothing else): two caps with the same shape render the item byte for byte the same."""
+    if item.override is not None:
+        return ()
+    human = item.role in _HUMAN_ROLES
+    out: list[Any] = []
+    for part in item.parts:
+        kind, n = part.kind, len(part.text)
+        if item.pinned and n:
+            out.append(None)
+        elif kind == "text" and n:
+            out.append(_effective(caps.human_max if human else caps.assistant_max, n))
+        elif kind == "thinking" and n:
+            out.append(_effective(caps.thinking_max, n))
+        elif kind == "tool_call":
+            out.append((_effective(caps.call_args_max, n) if n else None,
+                        context.skims_result(part.ref, caps)))
+        elif kind == "tool_result":
+            out.append(True if context.skims_result(part.ref, caps) else
+                       -2 if n <= caps.result_keep else _effective(caps.result_max, n))
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def _size(context: _Context, block: _Block, rate: float) -> int:
+    """``_estimate`` of ``block.full`` (once per block: the item's rate is the call's)."""
+    key = ("size", id(block))
+    size: int | None = context.memo.get(key)
+    if size is None:
+        size = context.memo[key] = _estimate(block.full, rate)
+    return size
+
+
 @dataclass
 class _Block:
     full: list[Seg]  # the rendering at the level's caps
@@ -352,17 +436,14 @@ class _Block:
 
 
 def _archived(context: _Context, item: _Item, part: Part, note: str = "") -> ArchivedItem:
-    return ArchivedItem(handle_of(part.text), part.text, _skim_line(context, item, part, note))
+    return ArchivedItem(context.texts.handle(part.text), part.text,
+                        _skim_line(context, item, part, note))
 
 
 def _cap(context: _Context, part: Part, limit: int, inline: bool = False) -> list[Seg]:
-    key = ("cap", id(part), limit, inline)
-    pieces: tuple[Seg, ...] | None = context.memo.get(key)
-    if pieces is None:
-        text = part.text
-        pieces = context.memo[key] = tuple(
-            truncation_pieces(text, limit, inline=inline, handle=handle_of(text)))
-    return list(pieces)
+    if limit <= 0 or len(part.text) <= limit:
+        return [(True, part.text)]
+    return list(context.texts.pieces(part.text, limit, inline))
 
 
 def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel,
@@ -414,9 +495,12 @@ def _join(label: str, pieces: Sequence[list[Seg]]) -> list[Seg]:
 def _render(request: CompactionRequest, context: _Context, item: _Item, caps: CliffLevel
             ) -> _Block:
     label = _LABELS.get(item.role, f"[{item.role}]")
-    texts = [p for p in item.parts if p.text]
-    skimmed = [_archived(context, item, p) for p in texts]
-    skim = _join(label, [[(False, a.skim)] for a in skimmed])
+    key = ("skimmed", item.index)
+    found: tuple[list[ArchivedItem], list[Seg]] | None = context.memo.get(key)
+    if found is None:  # the same at every level
+        skimmed = [_archived(context, item, p) for p in item.parts if p.text]
+        found = context.memo[key] = (skimmed, _join(label, [[(False, a.skim)] for a in skimmed]))
+    skimmed, skim = found
     if item.override is not None:
         full = _join(label, [[(True, piece)] for piece in item.override])
         return _Block(full, skim, skimmed, skimmed, True)
