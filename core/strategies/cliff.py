@@ -106,6 +106,8 @@ class CliffStrategy:
     carry_forward_human: bool = True
     carry_forward_calls: bool = True
     human_floor_tokens: int = 1_000
+    grade_by_age: bool = True
+    grade_from: int = 1
     archive: Any = None
     name: str = field(default="cliff", init=False)
     #: handles and truncations of part texts, kept across calls (pure functions of the
@@ -135,12 +137,24 @@ class CliffStrategy:
         budget = request.budget_tokens - header_tokens
         top = len(self.levels) - 1
         level = min(request.level, top)
+        tiers = [0] * len(items)
         while True:
+            graded = self.grade_by_age and level >= self.grade_from
+            if level < top and not graded and not self._may_fit(
+                    request, context, items, rates, level, budget):
+                level += 1  # over budget: the rest of this level's rendering is not needed
+                continue
             blocks = [self._block(request, context, item, level) for item in items]
             sizes = [_size(context, b, rate) for b, rate in zip(blocks, rates)]
             total = sum(sizes) + len(blocks)
             if total <= budget or level == top:
                 break
+            if graded:
+                graded = self._grade(request, context, items, blocks, sizes, rates,
+                                     budget - total)
+                if graded is not None:
+                    blocks, sizes, tiers = graded
+                    break
             level += 1
         skims = [_estimate(b.skim, rate) for b, rate in zip(blocks, rates)]
         floor = sum(s + 8 for s, it in zip(sizes, items) if it.pinned)  # never dropped
@@ -151,7 +165,7 @@ class CliffStrategy:
         limit = max(request.budget_tokens, floor + header_tokens)  # the engine allows pins
         for _ in range(8):
             forms = _fit(items, sizes, skims, fit_budget)
-            text = "".join(t for _, t in _assemble(blocks, forms))
+            text = "".join(t for _, t in _assemble(blocks, forms, tiers))
             tokens = request.meter.count_text_message(text)
             if tokens <= limit or not any(forms) or fit_budget <= 0:
                 break
@@ -160,16 +174,53 @@ class CliffStrategy:
         message = request.dialect.text_message(text)
         return Rendered(message, tokens, level, _report(request, items, blocks, forms))
 
+    def _may_fit(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
+                 rates: Sequence[float], level: int, budget: int) -> bool:
+        """Whether the rendering at ``level`` may fit ``budget``: False as soon as the
+        items rendered so far are over it (the same sizes the full check sums)."""
+        total = 0
+        for item, rate in zip(items, rates):
+            total += _size(context, self._block(request, context, item, level), rate) + 1
+            if total > budget:
+                return False
+        return True
+
+    def _grade(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
+               blocks: list[_Block], sizes: list[int], rates: Sequence[float], excess: int
+               ) -> tuple[list[_Block], list[int], list[int]] | None:
+        """Oldest first (non-human items, then human ones; pinned ones never), items take
+        the last level's rendering until ``excess`` tokens are saved; ``None`` when all of
+        them do not save that much (the whole rendering escalates instead)."""
+        top = len(self.levels) - 1
+        blocks, sizes, tiers = list(blocks), list(sizes), [0] * len(items)
+        excess = -excess
+        for humans in (False, True):
+            for i, item in enumerate(items):
+                if excess <= 0:
+                    return blocks, sizes, tiers
+                if item.pinned or (item.role in _HUMAN_ROLES) != humans:
+                    continue
+                lean = self._block(request, context, item, top)
+                size = _size(context, lean, rates[i])
+                if size < sizes[i]:
+                    excess -= sizes[i] - size
+                    blocks[i], sizes[i], tiers[i] = lean, size, 1
+        return (blocks, sizes, tiers) if excess <= 0 else None
+
     def _block(self, request: CompactionRequest, context: _Context, item: _Item, level: int
                ) -> _Block:
         """``item`` rendered at ``level``'s caps, once per call for every set of caps that
         renders it the same (:func:`_shape`: most caps repeat between levels, and items
         carried from earlier cycles keep theirs at every level)."""
         caps = self._caps(item, level)
-        key = ("block", item.index, _shape(context, item, caps))
-        block: _Block | None = context.memo.get(key)
+        memo = context.memo
+        block: _Block | None = memo.get((item.index, id(caps)))
         if block is None:
-            block = context.memo[key] = _render(request, context, item, caps)
+            key = ("block", item.index, _shape(context, item, caps))
+            block = memo.get(key)
+            if block is None:
+                block = memo[key] = _render(request, context, item, caps)
+            memo[(item.index, id(caps))] = block
         return block
 
     def _caps(self, item: _Item, level: int) -> CliffLevel:
@@ -576,15 +627,17 @@ def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], bud
     return forms
 
 
-def _assemble(blocks: Sequence[_Block], forms: Sequence[int]) -> list[Seg]:
+def _assemble(blocks: Sequence[_Block], forms: Sequence[int],
+              tiers: Sequence[int] | None = None) -> list[Seg]:
     out: list[Seg] = [(False, COMPACTION_HEADER)]
     omitted = sum(1 for b, f in zip(blocks, forms) if b.full and f == _OMIT)
     if omitted:
         out.append((False, f"\n\n[… {omitted} earlier items omitted …]"))  # searchable
-    for block, form in zip(blocks, forms):
+    tiers = tiers or [0] * len(blocks)
+    for i, (block, form) in enumerate(zip(blocks, forms)):
         segs = block.full if form == _FULL else block.skim if form == _SKIM else []
         if form == _FULL and block.alone is not None and any(
-                forms[k] != _FULL for k in block.call_items):
+                forms[k] != _FULL or tiers[k] != tiers[i] for k in block.call_items):
             segs = block.alone  # the results' calls are not there to name them
         if segs:
             out.append((False, "\n\n"))
@@ -624,4 +677,5 @@ def settings_dict(strategy: CliffStrategy) -> dict[str, Any]:
     return {"levels": [asdict(level) for level in strategy.levels],
             "carry_forward_human": strategy.carry_forward_human,
             "carry_forward_calls": strategy.carry_forward_calls,
-            "human_floor_tokens": strategy.human_floor_tokens}
+            "human_floor_tokens": strategy.human_floor_tokens,
+            "grade_by_age": strategy.grade_by_age, "grade_from": strategy.grade_from}
