@@ -139,8 +139,8 @@ class CliffStrategy:
         level = min(request.level, top)
         tiers = [0] * len(items)
         while True:
-            graded = self.grade_by_age and level >= self.grade_from
-            if level < top and not graded and not self._may_fit(
+            grading = self.grade_by_age and level >= self.grade_from
+            if level < top and not grading and not self._may_fit(
                     request, context, items, rates, level, budget):
                 level += 1  # over budget: the rest of this level's rendering is not needed
                 continue
@@ -149,7 +149,7 @@ class CliffStrategy:
             total = sum(sizes) + len(blocks)
             if total <= budget or level == top:
                 break
-            if graded:
+            if grading:
                 graded = self._grade(request, context, items, blocks, sizes, rates,
                                      budget - total)
                 if graded is not None:
