@@ -22,8 +22,9 @@ from ..archive import handle_of
 from ..errors import DialectError, ValidationError
 from ..markers import elision, is_marked, lines_elision
 
-__all__ = ["ERROR_LINE", "Dialect", "Part", "Piece", "digest_of", "head_tail", "head_tail_spans",
-           "json_text", "safe_json", "truncated", "truncation_pieces"]
+__all__ = ["ERROR_LINE", "Dialect", "LineIndex", "Part", "Piece", "digest_of", "head_tail",
+           "head_tail_spans", "json_text", "line_index", "safe_json", "truncated",
+           "truncation_pieces"]
 
 _VOLATILE_KEYS = frozenset({"cache_control"})
 _INSTRUCTION_ROLES = frozenset({"system", "developer"})
@@ -169,8 +170,19 @@ Piece = tuple[bool, str]
 """(verbatim?, text): a quoted slice of the original, or a marker agentcompact wrote."""
 
 
+LineIndex = tuple[list[str], list[int]]
+"""A text's lines (``splitlines(keepends=True)``) and its error lines (:func:`line_index`)."""
+
+
+def line_index(text: str) -> LineIndex:
+    """What cutting ``text`` by lines needs at any size: its lines and the indices of its
+    error-looking lines (a caller cutting one text to several sizes computes it once)."""
+    lines = text.splitlines(keepends=True)
+    return lines, _error_lines(text, lines)
+
+
 def truncation_pieces(text: str, max_chars: int, *, inline: bool = False,
-                      handle: str = "") -> list[Piece]:
+                      handle: str = "", index: LineIndex | None = None) -> list[Piece]:
     """``text`` cut to about ``max_chars`` characters of verbatim slices and markers.
 
     Multi-line text keeps whole lines: the head, the tail, and in between every
@@ -178,12 +190,13 @@ def truncation_pieces(text: str, max_chars: int, *, inline: bool = False,
     ``assert``, exit codes); each run of elided lines becomes one marker with the count of
     lines and characters elided (and ``handle``, where the original can be expanded).
     Short or single-line text (and ``inline`` text such as tool-call arguments) is cut by
-    characters: half head, half tail.
+    characters: half head, half tail. ``index``: ``line_index(text)``, when the caller has
+    it already.
     """
     if max_chars <= 0 or len(text) <= max_chars:
         return [(True, text)]
     if not inline and text.count("\n") >= 3:
-        pieces = _line_pieces(text, max_chars, handle)
+        pieces = _line_pieces(text, max_chars, handle, index or line_index(text))
         if pieces is not None:
             return pieces
     head, omitted, tail = head_tail_spans(text, max_chars)
@@ -207,8 +220,9 @@ def _error_lines(text: str, lines: Sequence[str]) -> list[int]:
             if len(lines[i]) <= _ERROR_LINE_MAX and search(lines[i])]
 
 
-def _line_pieces(text: str, budget: int, handle: str) -> list[Piece] | None:
-    lines = text.splitlines(keepends=True)
+def _line_pieces(text: str, budget: int, handle: str, index: LineIndex
+                 ) -> list[Piece] | None:
+    lines, errors = index
     n = len(lines)
     keep = [False] * n
     used = 0
@@ -228,7 +242,6 @@ def _line_pieces(text: str, budget: int, handle: str) -> list[Piece] | None:
     tail_limit = used + budget * 3 // 10
     while tail_start > head_end and take(tail_start - 1, tail_limit):
         tail_start -= 1
-    errors = _error_lines(text, lines)
     for i in reversed(errors[bisect_left(errors, head_end):bisect_left(errors, tail_start)]):
         take(i, budget)  # errors, the latest first
     while tail_start > head_end and take(tail_start - 1, budget):  # the rest: more tail

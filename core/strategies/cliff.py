@@ -38,7 +38,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..archive import Archive, ArchivedItem, handle_of, open_archive
-from ..dialects.base import Part, truncation_pieces
+from ..dialects.base import LineIndex, Part, line_index, truncation_pieces
 from ..errors import PluginError
 from ..events import DroppedItem
 from ..markers import COMPACTION_HEADER
@@ -129,7 +129,8 @@ class CliffStrategy:
         return "cliff:" + repr(sorted(settings_dict(self).items()))
 
     def compact(self, request: CompactionRequest) -> Rendered:
-        items = _collect(request, self.carry_forward_human, self.carry_forward_calls)
+        items = _collect(request, self.carry_forward_human, self.carry_forward_calls,
+                         self._texts)
         context = _Context.of(request, items, self._texts)
         rates = _token_rates(request, items)
         counter = request.meter.counter
@@ -250,13 +251,15 @@ class _Item:
     override: tuple[str, ...] | None  # parts from the render_message hook
 
 
-def _collect(request: CompactionRequest, carry: bool, carry_calls: bool) -> list[_Item]:
+def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
+             cache: _TextCache | None = None) -> list[_Item]:
     """The messages to render: the span, and from earlier cycles the pinned messages and
     (with ``carry``) the human ones (with ``carry_calls`` all the others too)."""
     dialect = request.dialect
     pins = request.pins_possible
     hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
     items: list[_Item] = []
+    parts_of = (cache or _TextCache()).parts
     indices = list(request.earlier())
     for i in [*indices, *request.span()]:
         message = request.messages[i]
@@ -269,7 +272,7 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool) -> list
             carry and (role in _HUMAN_ROLES or carry_calls)
         ):
             continue  # earlier cycles: what is carried
-        parts = tuple(dialect.parts(message))
+        parts = parts_of(dialect, message)
         if carried and not pinned and not any(p.text for p in parts):
             continue  # ... with some text
         override = _hook_render(request, message) if hooks else None
@@ -313,13 +316,14 @@ class _Context:
     def of(cls, request: CompactionRequest, items: Sequence[_Item],
            texts: _TextCache | None = None) -> _Context:
         dialect = request.dialect
+        texts = texts or _TextCache()
         calls: dict[str, tuple[str, str]] = {}
         results: dict[str, Part] = {}
         order: list[tuple[str, str]] = []  # (key, ref) of every call, in order
         for message in request.messages:
             if not (dialect.tool_call_ids(message) or dialect.tool_result_ids(message)):
                 continue
-            for part in dialect.parts(message):
+            for part in texts.parts(dialect, message):
                 if part.kind == "tool_call":
                     calls[part.ref] = (part.name, part.text)
                     order.append((_call_key(part.name, part.text), part.ref))
@@ -330,7 +334,7 @@ class _Context:
         starts = split_turns(request.messages, dialect).starts
         rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
                     and not it.pinned for p in it.parts if p.kind == "tool_call"}
-        return cls(starts, calls, results, superseded, rendered, texts or _TextCache())
+        return cls(starts, calls, results, superseded, rendered, texts)
 
     def skims_result(self, ref: str, caps: CliffLevel) -> bool:
         """True when the result of call ``ref`` is left out at ``caps``."""
@@ -344,21 +348,37 @@ class _Context:
 
 
 class _TextCache:
-    """Handles and truncation pieces of texts, bounded: emptied when it holds more than
-    ``max_entries`` entries or ``max_chars`` characters of text (plain dict operations, so
-    threads sharing a strategy at worst compute a value twice)."""
+    """Handles, line indices and truncation pieces of texts, and the parts of messages,
+    bounded: emptied when it holds more than ``max_entries`` entries or ``max_chars``
+    characters of text (plain dict operations, so threads sharing a strategy at worst
+    compute a value twice)."""
 
-    def __init__(self, max_entries: int = 8_192, max_chars: int = 16_000_000) -> None:
+    def __init__(self, max_entries: int = 8_192, max_chars: int = 8_000_000) -> None:
         self.max_entries, self.max_chars = max_entries, max_chars
         self._handles: dict[str, str] = {}
         self._pieces: dict[tuple[str, int, bool], tuple[Seg, ...]] = {}
+        self._lines: dict[str, LineIndex] = {}
+        self._parts: dict[int, tuple[Any, Any, tuple[Part, ...]]] = {}
         self._chars = 0
+
+    def parts(self, dialect: Any, message: Any) -> tuple[Part, ...]:
+        """``dialect.parts(message)``, kept by the message's identity (the engine takes
+        messages as immutable values; the entry holds the message, so its id stays its)."""
+        found = self._parts.get(id(message))
+        if found is not None and found[0] is message and found[1] is dialect:
+            return found[2]
+        parts = tuple(dialect.parts(message))
+        if len(self._parts) >= self.max_entries:
+            self._parts = {}
+        self._parts[id(message)] = (message, dialect, parts)
+        return parts
 
     def _room(self, text: str) -> None:
         self._chars += len(text)
         if (self._chars > self.max_chars
                 or len(self._handles) + len(self._pieces) >= self.max_entries):
-            self._handles, self._pieces, self._chars = {}, {}, len(text)
+            self._handles, self._pieces, self._lines = {}, {}, {}
+            self._chars = len(text)
 
     def handle(self, text: str) -> str:
         found = self._handles.get(text)
@@ -372,8 +392,13 @@ class _TextCache:
         key = (text, limit, inline)
         found = self._pieces.get(key)
         if found is None:
+            index = None
+            if not inline and text.count("\n") >= 3:  # cut by lines: index them once
+                index = self._lines.get(text)
+                if index is None:
+                    index = self._lines[text] = line_index(text)
             found = tuple(truncation_pieces(text, limit, inline=inline,
-                                            handle=self.handle(text)))
+                                            handle=self.handle(text), index=index))
             self._room(text)
             self._pieces[key] = found
         return found
@@ -547,11 +572,14 @@ def _render(request: CompactionRequest, context: _Context, item: _Item, caps: Cl
             ) -> _Block:
     label = _LABELS.get(item.role, f"[{item.role}]")
     key = ("skimmed", item.index)
-    found: tuple[list[ArchivedItem], list[Seg]] | None = context.memo.get(key)
+    found: tuple[list[ArchivedItem], list[Seg], dict[int, ArchivedItem]] | None = \
+        context.memo.get(key)
     if found is None:  # the same at every level
-        skimmed = [_archived(context, item, p) for p in item.parts if p.text]
-        found = context.memo[key] = (skimmed, _join(label, [[(False, a.skim)] for a in skimmed]))
-    skimmed, skim = found
+        with_text = [p for p in item.parts if p.text]
+        skimmed = [_archived(context, item, p) for p in with_text]
+        found = context.memo[key] = (skimmed, _join(label, [[(False, a.skim)] for a in skimmed]),
+                                     {id(p): a for p, a in zip(with_text, skimmed)})
+    skimmed, skim, archived_of = found
     if item.override is not None:
         full = _join(label, [[(True, piece)] for piece in item.override])
         return _Block(full, skim, skimmed, skimmed, True)
@@ -561,7 +589,7 @@ def _render(request: CompactionRequest, context: _Context, item: _Item, caps: Cl
         segs, left_out = _render_part(context, item, part, caps)
         pieces.append(segs)
         if left_out and part.text:
-            archived.append(_archived(context, item, part))
+            archived.append(archived_of[id(part)])
             cut = True
         if part.kind == "tool_result" and not segs and part.ref in context.call_items:
             calls.add(context.call_items[part.ref])
