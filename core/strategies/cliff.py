@@ -17,10 +17,13 @@ archive (``archive`` setting), where ``agentcompact.expand`` finds it verbatim.
 Escalation keeps commands and decisions longest: level by level bulk tool output goes
 first (superseded output, a file read again later or a command re-run, from level 1), then
 long results become skim lines, and only at the last level are call arguments and
-assistant text capped hard. Over budget at the last level, the oldest bulky items become
-skim lines, then the oldest items go (human ones last; pinned ones never); the engine gives
-the message at least ``human_floor_tokens`` of room (``min_budget_tokens``), truncating the
-largest kept tool output rather than dropping carried human text.
+assistant text capped hard. Graded by age (``grade_by_age``): over budget from level 1 on,
+the oldest items take the last level's rendering first, and the whole rendering escalates
+only when that does not suffice, so the newest items keep their level. Over budget at the
+last level, the oldest bulky items become skim lines, then the oldest items go (human ones
+last; pinned ones never); the engine gives the message at least ``human_floor_tokens`` of
+room (``min_budget_tokens``), truncating the largest kept tool output rather than dropping
+carried human text.
 
 Human messages of *all* earlier cycles are carried forward (``carry_forward_human``), and
 the tool calls, assistant text and handles of earlier cycles too (``carry_forward_calls``),

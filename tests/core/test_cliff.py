@@ -151,3 +151,18 @@ def test_grading_by_age_leans_the_oldest_items_and_keeps_the_level() -> None:
     assert newest[:100] in text and newest[:100] not in flat  # level 1 keeps its head
     assert oldest[:100] not in text  # ... the oldest went lean
     assert "earlier items omitted" not in text  # nothing left out whole
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_a_strategy_reused_across_calls_renders_as_a_fresh_one(name: str) -> None:
+    # handles, truncations and parts are kept across calls: the output must not depend on it
+    msgs = build(name, PLAN)
+    warm = CliffStrategy(archive=False)
+    for budget in (10**6, 3_000, 900, 3_000):
+        req = request(name, msgs, budget=budget)
+        first = warm.compact(req)
+        fresh = CliffStrategy(archive=False).compact(request(name, msgs, budget=budget))
+        again = warm.compact(req)
+        assert req.dialect.text_of(first.message) == req.dialect.text_of(fresh.message) \
+            == req.dialect.text_of(again.message)
+        assert first.level == fresh.level == again.level
