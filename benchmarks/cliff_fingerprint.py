@@ -14,6 +14,7 @@ Run:  TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/cliff_fingerp
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,12 +54,13 @@ def call_points(messages: list[Any], dialect: Any) -> list[int]:
 
 
 def session_digest(messages: list[Any], dialect_name: str, trigger: int,
-                   h: xxhash.xxh3_128) -> int:
+                   h: xxhash.xxh3_128, settings: dict[str, Any] | None = None) -> int:
     """Feed every output of one session into ``h``; returns the number of calls."""
     dialect = get_dialect(dialect_name)
     archive = _Recording(h)
     engine = Engine(strategy="cliff", dialect=dialect_name,
-                    budget=Budget(trigger_tokens=trigger), strategy_settings={"archive": archive})
+                    budget=Budget(trigger_tokens=trigger),
+                    strategy_settings={**(settings or {}), "archive": archive})
     points = call_points(messages, dialect)
     for c in points:
         result = engine.compact(messages[:c])
@@ -75,7 +77,11 @@ def session_digest(messages: list[Any], dialect_name: str, trigger: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--expect", help="the overall digest this run must reproduce")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
+                        help="a cliff strategy setting (repeatable)")
     args = parser.parse_args()
+    settings = {name: json.loads(value) for name, value in
+                (item.split("=", 1) for item in args.set)}
     if not DATA.is_dir():
         raise SystemExit(f"shared data absent: {DATA}")
     overall = xxhash.xxh3_128()
@@ -84,7 +90,7 @@ def main() -> None:
         calls = 0
         for path in files():
             for traj in load(path):
-                calls += session_digest(traj.messages, traj.dialect, trigger, h)
+                calls += session_digest(traj.messages, traj.dialect, trigger, h, settings)
         print(f"{name:15} {calls:5d} calls  {h.hexdigest()}")
         overall.update(h.digest())
     print(f"{'all':15} {'':11} {overall.hexdigest()}")
