@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -155,10 +156,12 @@ def _reachable(item: str, handles: set[str], archive: MemoryArchive) -> bool:
 
 
 def run(messages: list[Any], trigger: int, target: int | None, meter: MessageMeter,
-        texts: dict[str, str], ours: Tally, theirs: Tally) -> None:
+        texts: dict[str, str], ours: Tally, theirs: Tally,
+        settings: dict[str, Any] | None = None) -> None:
     dialect = get_dialect("anthropic")
     archive = MemoryArchive()
-    engine = Engine(strategy=StrategySettings("cliff", options={"archive": archive}),
+    engine = Engine(strategy=StrategySettings("cliff",
+                                              options={**(settings or {}), "archive": archive}),
                     dialect="anthropic",
                     budget=Budget(trigger_tokens=trigger, target_tokens=target))
     peer = CliffEngine(Config(threshold_tokens=trigger))
@@ -215,11 +218,15 @@ def main() -> None:
     parser.add_argument("--depths", type=float, nargs="*", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     parser.add_argument("--sessions", type=int, default=len(CLAUDE))
     parser.add_argument("--verbose", action="store_true", help="name each canary lost")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
+                        help="a cliff strategy setting to try (repeatable)")
     args = parser.parse_args()
     global VERBOSE
     VERBOSE = args.verbose
     if not CLAUDE:
         raise SystemExit(f"shared data absent: {DATA}")
+    settings = {name: json.loads(value) for name, value in
+                (item.split("=", 1) for item in args.set)}
     meter = MessageMeter(TiktokenCounter(), get_dialect("anthropic"))
     ours, theirs = Tally(), Tally()
     for path in CLAUDE[: args.sessions]:
@@ -228,7 +235,7 @@ def main() -> None:
             messages = copy.deepcopy(original)
             tag = f"{path.stem[:4]}{int(depth * 100):02d}"
             texts = plant(messages, depth, tag)
-            run(messages, args.trigger, args.target, meter, texts, ours, theirs)
+            run(messages, args.trigger, args.target, meter, texts, ours, theirs, settings)
     target = Budget(trigger_tokens=args.trigger, target_tokens=args.target).target
     print(f"trigger {args.trigger:,}, target {target:,}; {args.sessions} sessions x "
           f"{len(args.depths)} depths")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, ClassVar
 
 import orjson
@@ -20,8 +22,9 @@ from ..archive import handle_of
 from ..errors import DialectError, ValidationError
 from ..markers import elision, is_marked, lines_elision
 
-__all__ = ["ERROR_LINE", "Dialect", "Part", "Piece", "digest_of", "head_tail", "head_tail_spans",
-           "json_text", "safe_json", "truncated", "truncation_pieces"]
+__all__ = ["ERROR_LINE", "Dialect", "LineIndex", "Part", "Piece", "digest_of", "head_tail",
+           "head_tail_spans", "json_text", "line_index", "safe_json", "truncated",
+           "truncation_pieces"]
 
 _VOLATILE_KEYS = frozenset({"cache_control"})
 _INSTRUCTION_ROLES = frozenset({"system", "developer"})
@@ -156,13 +159,30 @@ ERROR_LINE = re.compile(
     r"^E {2,}|^E\s+\w+|\d+ (?:failed|errors?)\b|Killed|Segmentation fault|No such file|"
     r"command not found|[Pp]ermission denied")
 _ERROR_LINE_MAX = 400  # a longer matching line is not kept whole (it would crowd the rest)
+#: every match of ERROR_LINE contains one of these literals or starts its line with "E"
+#: (``^E``): a line without any is not searched (the regex tries all its alternatives at
+#: every character; ``str.find`` over the whole text is a fraction of that)
+_ERROR_LITERALS = ("rror", "ERROR", "xcept", "FAIL", "ssert", "panic", "fatal", "xit",
+                   "returncode", "returned non-zero", "failed", "Killed", "Segmentation fault",
+                   "No such file", "command not found", "ermission denied", "Traceback")
 
 Piece = tuple[bool, str]
 """(verbatim?, text): a quoted slice of the original, or a marker agentcompact wrote."""
 
 
+LineIndex = tuple[list[str], list[int]]
+"""A text's lines (``splitlines(keepends=True)``) and its error lines (:func:`line_index`)."""
+
+
+def line_index(text: str) -> LineIndex:
+    """What cutting ``text`` by lines needs at any size: its lines and the indices of its
+    error-looking lines (a caller cutting one text to several sizes computes it once)."""
+    lines = text.splitlines(keepends=True)
+    return lines, _error_lines(text, lines)
+
+
 def truncation_pieces(text: str, max_chars: int, *, inline: bool = False,
-                      handle: str = "") -> list[Piece]:
+                      handle: str = "", index: LineIndex | None = None) -> list[Piece]:
     """``text`` cut to about ``max_chars`` characters of verbatim slices and markers.
 
     Multi-line text keeps whole lines: the head, the tail, and in between every
@@ -170,20 +190,39 @@ def truncation_pieces(text: str, max_chars: int, *, inline: bool = False,
     ``assert``, exit codes); each run of elided lines becomes one marker with the count of
     lines and characters elided (and ``handle``, where the original can be expanded).
     Short or single-line text (and ``inline`` text such as tool-call arguments) is cut by
-    characters: half head, half tail.
+    characters: half head, half tail. ``index``: ``line_index(text)``, when the caller has
+    it already.
     """
     if max_chars <= 0 or len(text) <= max_chars:
         return [(True, text)]
     if not inline and text.count("\n") >= 3:
-        pieces = _line_pieces(text, max_chars, handle)
+        pieces = _line_pieces(text, max_chars, handle, index or line_index(text))
         if pieces is not None:
             return pieces
     head, omitted, tail = head_tail_spans(text, max_chars)
     return [(True, head), (False, elision(omitted, inline, handle)), (True, tail)]
 
 
-def _line_pieces(text: str, budget: int, handle: str) -> list[Piece] | None:
-    lines = text.splitlines(keepends=True)
+def _error_lines(text: str, lines: Sequence[str]) -> list[int]:
+    """Indices of the lines of ``text`` (``lines``: its ``splitlines(keepends=True)``)
+    that match :data:`ERROR_LINE` and are short enough to keep whole, in order."""
+    starts = list(accumulate(map(len, lines), initial=0))
+    candidates = {i for i, line in enumerate(lines) if line[:1] == "E"}
+    find = text.find
+    for literal in _ERROR_LITERALS:  # no literal holds a line break: one line per hit
+        at = find(literal)
+        while at >= 0:
+            i = bisect_right(starts, at) - 1
+            candidates.add(i)
+            at = find(literal, starts[i + 1])
+    search = ERROR_LINE.search
+    return [i for i in sorted(candidates)
+            if len(lines[i]) <= _ERROR_LINE_MAX and search(lines[i])]
+
+
+def _line_pieces(text: str, budget: int, handle: str, index: LineIndex
+                 ) -> list[Piece] | None:
+    lines, errors = index
     n = len(lines)
     keep = [False] * n
     used = 0
@@ -203,9 +242,8 @@ def _line_pieces(text: str, budget: int, handle: str) -> list[Piece] | None:
     tail_limit = used + budget * 3 // 10
     while tail_start > head_end and take(tail_start - 1, tail_limit):
         tail_start -= 1
-    for i in range(tail_start - 1, head_end - 1, -1):  # errors, the latest first
-        if len(lines[i]) <= _ERROR_LINE_MAX and ERROR_LINE.search(lines[i]):
-            take(i, budget)
+    for i in reversed(errors[bisect_left(errors, head_end):bisect_left(errors, tail_start)]):
+        take(i, budget)  # errors, the latest first
     while tail_start > head_end and take(tail_start - 1, budget):  # the rest: more tail
         tail_start -= 1
     if used < budget // 4:

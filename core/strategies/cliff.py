@@ -17,10 +17,13 @@ archive (``archive`` setting), where ``agentcompact.expand`` finds it verbatim.
 Escalation keeps commands and decisions longest: level by level bulk tool output goes
 first (superseded output, a file read again later or a command re-run, from level 1), then
 long results become skim lines, and only at the last level are call arguments and
-assistant text capped hard. Over budget at the last level, the oldest bulky items become
-skim lines, then the oldest items go (human ones last; pinned ones never); the engine gives
-the message at least ``human_floor_tokens`` of room (``min_budget_tokens``), truncating the
-largest kept tool output rather than dropping carried human text.
+assistant text capped hard. Graded by age (``grade_by_age``): over budget from level 1 on,
+the oldest items take the last level's rendering first, and the whole rendering escalates
+only when that does not suffice, so the newest items keep their level. Over budget at the
+last level, the oldest bulky items become skim lines, then the oldest items go (human ones
+last; pinned ones never); the engine gives the message at least ``human_floor_tokens`` of
+room (``min_budget_tokens``), truncating the largest kept tool output rather than dropping
+carried human text.
 
 Human messages of *all* earlier cycles are carried forward (``carry_forward_human``), and
 the tool calls, assistant text and handles of earlier cycles too (``carry_forward_calls``),
@@ -38,7 +41,7 @@ from operator import itemgetter
 from typing import Any
 
 from ..archive import Archive, ArchivedItem, handle_of, open_archive
-from ..dialects.base import Part, truncation_pieces
+from ..dialects.base import LineIndex, Part, line_index, truncation_pieces
 from ..errors import PluginError
 from ..events import DroppedItem
 from ..markers import COMPACTION_HEADER
@@ -106,8 +109,14 @@ class CliffStrategy:
     carry_forward_human: bool = True
     carry_forward_calls: bool = True
     human_floor_tokens: int = 1_000
+    grade_by_age: bool = True
+    grade_from: int = 1
     archive: Any = None
     name: str = field(default="cliff", init=False)
+    #: handles and truncations of part texts, kept across calls (pure functions of the
+    #: text: carried items are not cut again at every compaction)
+    _texts: _TextCache = field(default_factory=lambda: _TextCache(), init=False,
+                               compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.archive = open_archive(self.archive)
@@ -123,20 +132,33 @@ class CliffStrategy:
         return "cliff:" + repr(sorted(settings_dict(self).items()))
 
     def compact(self, request: CompactionRequest) -> Rendered:
-        items = _collect(request, self.carry_forward_human, self.carry_forward_calls)
-        context = _Context.of(request, items)
+        items = _collect(request, self.carry_forward_human, self.carry_forward_calls,
+                         self._texts)
+        context = _Context.of(request, items, self._texts)
         rates = _token_rates(request, items)
         counter = request.meter.counter
         header_tokens = counter.count_texts([COMPACTION_HEADER])[0] + MESSAGE_OVERHEAD
         budget = request.budget_tokens - header_tokens
         top = len(self.levels) - 1
         level = min(request.level, top)
+        tiers = [0] * len(items)
         while True:
+            grading = self.grade_by_age and level >= self.grade_from
+            if level < top and not grading and not self._may_fit(
+                    request, context, items, rates, level, budget):
+                level += 1  # over budget: the rest of this level's rendering is not needed
+                continue
             blocks = [self._block(request, context, item, level) for item in items]
-            sizes = [_estimate(b.full, rate) for b, rate in zip(blocks, rates)]
+            sizes = [_size(context, b, rate) for b, rate in zip(blocks, rates)]
             total = sum(sizes) + len(blocks)
             if total <= budget or level == top:
                 break
+            if grading:
+                graded = self._grade(request, context, items, blocks, sizes, rates,
+                                     budget - total)
+                if graded is not None:
+                    blocks, sizes, tiers = graded
+                    break
             level += 1
         skims = [_estimate(b.skim, rate) for b, rate in zip(blocks, rates)]
         floor = sum(s + 8 for s, it in zip(sizes, items) if it.pinned)  # never dropped
@@ -147,7 +169,7 @@ class CliffStrategy:
         limit = max(request.budget_tokens, floor + header_tokens)  # the engine allows pins
         for _ in range(8):
             forms = _fit(items, sizes, skims, fit_budget)
-            text = "".join(t for _, t in _assemble(blocks, forms))
+            text = "".join(t for _, t in _assemble(blocks, forms, tiers))
             tokens = request.meter.count_text_message(text)
             if tokens <= limit or not any(forms) or fit_budget <= 0:
                 break
@@ -156,15 +178,53 @@ class CliffStrategy:
         message = request.dialect.text_message(text)
         return Rendered(message, tokens, level, _report(request, items, blocks, forms))
 
+    def _may_fit(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
+                 rates: Sequence[float], level: int, budget: int) -> bool:
+        """Whether the rendering at ``level`` may fit ``budget``: False as soon as the
+        items rendered so far are over it (the same sizes the full check sums)."""
+        total = 0
+        for item, rate in zip(items, rates):
+            total += _size(context, self._block(request, context, item, level), rate) + 1
+            if total > budget:
+                return False
+        return True
+
+    def _grade(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
+               blocks: list[_Block], sizes: list[int], rates: Sequence[float], excess: int
+               ) -> tuple[list[_Block], list[int], list[int]] | None:
+        """Oldest first (non-human items, then human ones; pinned ones never), items take
+        the last level's rendering until ``excess`` tokens are saved; ``None`` when all of
+        them do not save that much (the whole rendering escalates instead)."""
+        top = len(self.levels) - 1
+        blocks, sizes, tiers = list(blocks), list(sizes), [0] * len(items)
+        excess = -excess
+        for humans in (False, True):
+            for i, item in enumerate(items):
+                if excess <= 0:
+                    return blocks, sizes, tiers
+                if item.pinned or (item.role in _HUMAN_ROLES) != humans:
+                    continue
+                lean = self._block(request, context, item, top)
+                size = _size(context, lean, rates[i])
+                if size < sizes[i]:
+                    excess -= sizes[i] - size
+                    blocks[i], sizes[i], tiers[i] = lean, size, 1
+        return (blocks, sizes, tiers) if excess <= 0 else None
+
     def _block(self, request: CompactionRequest, context: _Context, item: _Item, level: int
                ) -> _Block:
-        """``item`` rendered at ``level``'s caps, once per caps in a call (items carried
-        from earlier cycles keep theirs at every level)."""
+        """``item`` rendered at ``level``'s caps, once per call for every set of caps that
+        renders it the same (:func:`_shape`: most caps repeat between levels, and items
+        carried from earlier cycles keep theirs at every level)."""
         caps = self._caps(item, level)
-        key = ("block", item.index, id(caps))
-        block: _Block | None = context.memo.get(key)
+        memo = context.memo
+        block: _Block | None = memo.get((item.index, id(caps)))
         if block is None:
-            block = context.memo[key] = _render(request, context, item, caps)
+            key = ("block", item.index, _shape(context, item, caps))
+            block = memo.get(key)
+            if block is None:
+                block = memo[key] = _render(request, context, item, caps)
+            memo[(item.index, id(caps))] = block
         return block
 
     def _caps(self, item: _Item, level: int) -> CliffLevel:
@@ -194,13 +254,15 @@ class _Item:
     override: tuple[str, ...] | None  # parts from the render_message hook
 
 
-def _collect(request: CompactionRequest, carry: bool, carry_calls: bool) -> list[_Item]:
+def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
+             cache: _TextCache | None = None) -> list[_Item]:
     """The messages to render: the span, and from earlier cycles the pinned messages and
     (with ``carry``) the human ones (with ``carry_calls`` all the others too)."""
     dialect = request.dialect
     pins = request.pins_possible
     hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
     items: list[_Item] = []
+    parts_of = (cache or _TextCache()).parts
     indices = list(request.earlier())
     for i in [*indices, *request.span()]:
         message = request.messages[i]
@@ -213,7 +275,7 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool) -> list
             carry and (role in _HUMAN_ROLES or carry_calls)
         ):
             continue  # earlier cycles: what is carried
-        parts = tuple(dialect.parts(message))
+        parts = parts_of(dialect, message)
         if carried and not pinned and not any(p.text for p in parts):
             continue  # ... with some text
         override = _hook_render(request, message) if hooks else None
@@ -248,20 +310,23 @@ class _Context:
     results: dict[str, Part]  # call ref -> the result answering it
     superseded: frozenset[str]  # refs of calls repeated later
     call_items: dict[str, int]  # call ref -> position of the item holding the call
+    texts: _TextCache  # handles and truncations by text (across calls)
     # one compaction renders its items at several levels, and most caps repeat between
-    # levels: truncations and skim lines are kept here for the call (never across calls)
+    # levels: renderings and skim lines are kept here for the call (never across calls)
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def of(cls, request: CompactionRequest, items: Sequence[_Item]) -> _Context:
+    def of(cls, request: CompactionRequest, items: Sequence[_Item],
+           texts: _TextCache | None = None) -> _Context:
         dialect = request.dialect
+        texts = texts or _TextCache()
         calls: dict[str, tuple[str, str]] = {}
         results: dict[str, Part] = {}
         order: list[tuple[str, str]] = []  # (key, ref) of every call, in order
         for message in request.messages:
             if not (dialect.tool_call_ids(message) or dialect.tool_result_ids(message)):
                 continue
-            for part in dialect.parts(message):
+            for part in texts.parts(dialect, message):
                 if part.kind == "tool_call":
                     calls[part.ref] = (part.name, part.text)
                     order.append((_call_key(part.name, part.text), part.ref))
@@ -272,7 +337,7 @@ class _Context:
         starts = split_turns(request.messages, dialect).starts
         rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
                     and not it.pinned for p in it.parts if p.kind == "tool_call"}
-        return cls(starts, calls, results, superseded, rendered)
+        return cls(starts, calls, results, superseded, rendered, texts)
 
     def skims_result(self, ref: str, caps: CliffLevel) -> bool:
         """True when the result of call ``ref`` is left out at ``caps``."""
@@ -283,6 +348,63 @@ class _Context:
 
     def turn(self, index: int) -> int:
         return bisect.bisect_right(self.turn_starts, index)
+
+
+class _TextCache:
+    """Handles, line indices and truncation pieces of texts, and the parts of messages,
+    bounded: emptied when it holds more than ``max_entries`` entries or ``max_chars``
+    characters of text (plain dict operations, so threads sharing a strategy at worst
+    compute a value twice)."""
+
+    def __init__(self, max_entries: int = 8_192, max_chars: int = 8_000_000) -> None:
+        self.max_entries, self.max_chars = max_entries, max_chars
+        self._handles: dict[str, str] = {}
+        self._pieces: dict[tuple[str, int, bool], tuple[Seg, ...]] = {}
+        self._lines: dict[str, LineIndex] = {}
+        self._parts: dict[int, tuple[Any, Any, tuple[Part, ...]]] = {}
+        self._chars = 0
+
+    def parts(self, dialect: Any, message: Any) -> tuple[Part, ...]:
+        """``dialect.parts(message)``, kept by the message's identity (the engine takes
+        messages as immutable values; the entry holds the message, so its id stays its)."""
+        found = self._parts.get(id(message))
+        if found is not None and found[0] is message and found[1] is dialect:
+            return found[2]
+        parts = tuple(dialect.parts(message))
+        if len(self._parts) >= self.max_entries:
+            self._parts = {}
+        self._parts[id(message)] = (message, dialect, parts)
+        return parts
+
+    def _room(self, text: str) -> None:
+        self._chars += len(text)
+        if (self._chars > self.max_chars
+                or len(self._handles) + len(self._pieces) >= self.max_entries):
+            self._handles, self._pieces, self._lines = {}, {}, {}
+            self._chars = len(text)
+
+    def handle(self, text: str) -> str:
+        found = self._handles.get(text)
+        if found is None:
+            found = handle_of(text)
+            self._room(text)
+            self._handles[text] = found
+        return found
+
+    def pieces(self, text: str, limit: int, inline: bool) -> tuple[Seg, ...]:
+        key = (text, limit, inline)
+        found = self._pieces.get(key)
+        if found is None:
+            index = None
+            if not inline and text.count("\n") >= 3:  # cut by lines: index them once
+                index = self._lines.get(text)
+                if index is None:
+                    index = self._lines[text] = line_index(text)
+            found = tuple(truncation_pieces(text, limit, inline=inline,
+                                            handle=self.handle(text), index=index))
+            self._room(text)
+            self._pieces[key] = found
+        return found
 
 
 def _call_key(name: str, args: str) -> str:
@@ -304,7 +426,7 @@ def _result_note(context: _Context, item: _Item, result: Part) -> str:
     superseded = " · superseded" if result.ref in context.superseded else ""
     lines = result.text.count("\n") + 1
     size = f"{lines} lines" if lines > 1 else f"{len(result.text)} chars"
-    return f"[→ {size}{superseded} · expand {handle_of(result.text)}]"
+    return f"[→ {size}{superseded} · expand {context.texts.handle(result.text)}]"
 
 
 def _size_note(text: str) -> str:
@@ -335,11 +457,52 @@ def _new_skim_line(context: _Context, item: _Item, part: Part, note: str) -> str
         role = "thinking" if kind == "thinking" else f"{item.role} text"
         what, size = role, _size_note(part.text)
     fields = [f"turn {turn}", what, *([size] if size else []), *([note] if note else []),
-              f"expand {handle_of(part.text)}"]
+              f"expand {context.texts.handle(part.text)}"]
     return "[" + " · ".join(fields) + "]"
 
 
 # --- rendering one item -------------------------------------------------------------------
+def _effective(limit: int, length: int) -> int:
+    """What a cap of ``limit`` characters does to a text of ``length``: -1 keeps it whole,
+    0 drops it (class-specific), else the limit it is cut to."""
+    return 0 if limit <= 0 else -1 if limit >= length else limit
+
+
+def _shape(context: _Context, item: _Item, caps: CliffLevel) -> tuple[Any, ...]:
+    """What of ``caps`` the rendering of ``item`` depends on (``_render_part`` reads
+    nothing else): two caps with the same shape render the item byte for byte the same."""
+    if item.override is not None:
+        return ()
+    human = item.role in _HUMAN_ROLES
+    out: list[Any] = []
+    for part in item.parts:
+        kind, n = part.kind, len(part.text)
+        if item.pinned and n:
+            out.append(None)
+        elif kind == "text" and n:
+            out.append(_effective(caps.human_max if human else caps.assistant_max, n))
+        elif kind == "thinking" and n:
+            out.append(_effective(caps.thinking_max, n))
+        elif kind == "tool_call":
+            out.append((_effective(caps.call_args_max, n) if n else None,
+                        context.skims_result(part.ref, caps)))
+        elif kind == "tool_result":
+            out.append(True if context.skims_result(part.ref, caps) else
+                       -2 if n <= caps.result_keep else _effective(caps.result_max, n))
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def _size(context: _Context, block: _Block, rate: float) -> int:
+    """``_estimate`` of ``block.full`` (once per block: the item's rate is the call's)."""
+    key = ("size", id(block))
+    size: int | None = context.memo.get(key)
+    if size is None:
+        size = context.memo[key] = _estimate(block.full, rate)
+    return size
+
+
 @dataclass
 class _Block:
     full: list[Seg]  # the rendering at the level's caps
@@ -352,17 +515,14 @@ class _Block:
 
 
 def _archived(context: _Context, item: _Item, part: Part, note: str = "") -> ArchivedItem:
-    return ArchivedItem(handle_of(part.text), part.text, _skim_line(context, item, part, note))
+    return ArchivedItem(context.texts.handle(part.text), part.text,
+                        _skim_line(context, item, part, note))
 
 
 def _cap(context: _Context, part: Part, limit: int, inline: bool = False) -> list[Seg]:
-    key = ("cap", id(part), limit, inline)
-    pieces: tuple[Seg, ...] | None = context.memo.get(key)
-    if pieces is None:
-        text = part.text
-        pieces = context.memo[key] = tuple(
-            truncation_pieces(text, limit, inline=inline, handle=handle_of(text)))
-    return list(pieces)
+    if limit <= 0 or len(part.text) <= limit:
+        return [(True, part.text)]
+    return list(context.texts.pieces(part.text, limit, inline))
 
 
 def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel,
@@ -414,9 +574,15 @@ def _join(label: str, pieces: Sequence[list[Seg]]) -> list[Seg]:
 def _render(request: CompactionRequest, context: _Context, item: _Item, caps: CliffLevel
             ) -> _Block:
     label = _LABELS.get(item.role, f"[{item.role}]")
-    texts = [p for p in item.parts if p.text]
-    skimmed = [_archived(context, item, p) for p in texts]
-    skim = _join(label, [[(False, a.skim)] for a in skimmed])
+    key = ("skimmed", item.index)
+    found: tuple[list[ArchivedItem], list[Seg], dict[int, ArchivedItem]] | None = \
+        context.memo.get(key)
+    if found is None:  # the same at every level
+        with_text = [p for p in item.parts if p.text]
+        skimmed = [_archived(context, item, p) for p in with_text]
+        found = context.memo[key] = (skimmed, _join(label, [[(False, a.skim)] for a in skimmed]),
+                                     {id(p): a for p, a in zip(with_text, skimmed)})
+    skimmed, skim, archived_of = found
     if item.override is not None:
         full = _join(label, [[(True, piece)] for piece in item.override])
         return _Block(full, skim, skimmed, skimmed, True)
@@ -426,7 +592,7 @@ def _render(request: CompactionRequest, context: _Context, item: _Item, caps: Cl
         segs, left_out = _render_part(context, item, part, caps)
         pieces.append(segs)
         if left_out and part.text:
-            archived.append(_archived(context, item, part))
+            archived.append(archived_of[id(part)])
             cut = True
         if part.kind == "tool_result" and not segs and part.ref in context.call_items:
             calls.add(context.call_items[part.ref])
@@ -492,15 +658,17 @@ def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], bud
     return forms
 
 
-def _assemble(blocks: Sequence[_Block], forms: Sequence[int]) -> list[Seg]:
+def _assemble(blocks: Sequence[_Block], forms: Sequence[int],
+              tiers: Sequence[int] | None = None) -> list[Seg]:
     out: list[Seg] = [(False, COMPACTION_HEADER)]
     omitted = sum(1 for b, f in zip(blocks, forms) if b.full and f == _OMIT)
     if omitted:
         out.append((False, f"\n\n[… {omitted} earlier items omitted …]"))  # searchable
-    for block, form in zip(blocks, forms):
+    tiers = tiers or [0] * len(blocks)
+    for i, (block, form) in enumerate(zip(blocks, forms)):
         segs = block.full if form == _FULL else block.skim if form == _SKIM else []
         if form == _FULL and block.alone is not None and any(
-                forms[k] != _FULL for k in block.call_items):
+                forms[k] != _FULL or tiers[k] != tiers[i] for k in block.call_items):
             segs = block.alone  # the results' calls are not there to name them
         if segs:
             out.append((False, "\n\n"))
@@ -540,4 +708,5 @@ def settings_dict(strategy: CliffStrategy) -> dict[str, Any]:
     return {"levels": [asdict(level) for level in strategy.levels],
             "carry_forward_human": strategy.carry_forward_human,
             "carry_forward_calls": strategy.carry_forward_calls,
-            "human_floor_tokens": strategy.human_floor_tokens}
+            "human_floor_tokens": strategy.human_floor_tokens,
+            "grade_by_age": strategy.grade_by_age, "grade_from": strategy.grade_from}

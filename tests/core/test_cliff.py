@@ -127,3 +127,42 @@ def test_render_message_hook_overrides_with_quotes() -> None:
     last_tool = max(i for i in range(r.cut) if msgs[i]["role"] == "tool")
     head = msgs[last_tool]["content"]
     assert f"[tool result]\n{head[:10]}\n" in text and f"[tool result]\n{head[:11]}" not in text
+
+
+def test_grading_by_age_leans_the_oldest_items_and_keeps_the_level() -> None:
+    # over budget at level 1: the oldest items take the last level's rendering, the
+    # newest keep level 1 (their long results cut to head and tail, not skim lines)
+    msgs = build("openai_chat", PLAN)
+    top = len(DEFAULT_LEVELS) - 1
+    at_1 = CliffStrategy(grade_by_age=False).compact(request("openai_chat", msgs, level=1))
+    at_top = CliffStrategy().compact(request("openai_chat", msgs, level=top))
+    assert at_1.level == 1 and at_top.tokens < at_1.tokens
+    budget = (at_1.tokens + at_top.tokens) // 2
+    graded = CliffStrategy().compact(request("openai_chat", msgs, budget=budget))
+    uniform = CliffStrategy(grade_by_age=False).compact(
+        request("openai_chat", msgs, budget=budget))
+    assert graded.level == 1 and uniform.level > 1
+    assert graded.tokens <= budget and uniform.tokens <= budget
+    text, flat = graded.message["content"], uniform.message["content"]
+    req = request("openai_chat", msgs)
+    span = [i for i in range(req.span_start, req.cut) if msgs[i]["role"] == "tool"
+            and len(msgs[i]["content"]) > DEFAULT_LEVELS[1].result_keep]
+    newest, oldest = msgs[span[-1]]["content"], msgs[span[0]]["content"]
+    assert newest[:100] in text and newest[:100] not in flat  # level 1 keeps its head
+    assert oldest[:100] not in text  # ... the oldest went lean
+    assert "earlier items omitted" not in text  # nothing left out whole
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_a_strategy_reused_across_calls_renders_as_a_fresh_one(name: str) -> None:
+    # handles, truncations and parts are kept across calls: the output must not depend on it
+    msgs = build(name, PLAN)
+    warm = CliffStrategy(archive=False)
+    for budget in (10**6, 3_000, 900, 3_000):
+        req = request(name, msgs, budget=budget)
+        first = warm.compact(req)
+        fresh = CliffStrategy(archive=False).compact(request(name, msgs, budget=budget))
+        again = warm.compact(req)
+        assert req.dialect.text_of(first.message) == req.dialect.text_of(fresh.message) \
+            == req.dialect.text_of(again.message)
+        assert first.level == fresh.level == again.level

@@ -72,3 +72,24 @@ def test_dialect_truncate_names_the_original_handle() -> None:
     text = copy["content"][0]["content"]
     assert f"expand {handle_of(PYTEST_LOG)}" in text and "KeyError: 'currency'" in text
     assert message["content"][0]["content"] == PYTEST_LOG  # the original is untouched
+
+
+_LINE_BITS = ["Traceback (most recent call last):", "E   KeyError: 'x'", "E", "Error", "error:",
+              "ERROR", "1 failed", "3 errors", "exit code 2", "Exit_Code", "returncode=1",
+              "returned non-zero", "assert x", "AssertionError", "panic:", "fatal", "FAILED",
+              "Killed", "Segmentation fault", "No such file", "command not found",
+              "Permission denied", "Exception", "ok", "x" * 420, "errorless", "E\u2028x", "\r"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_LINE_BITS) | st.text(max_size=12), max_size=4)
+                .map(" ".join), min_size=1, max_size=40),
+       st.sampled_from(["\n", "\r\n", "\r", "\x0c", "\u2028"]))
+def test_error_lines_are_the_lines_the_regex_matches(lines: list[str], sep: str) -> None:
+    from agentcompact.dialects.base import _ERROR_LINE_MAX, ERROR_LINE, _error_lines
+
+    text = sep.join(lines)
+    split = text.splitlines(keepends=True)
+    expected = [i for i, line in enumerate(split)
+                if len(line) <= _ERROR_LINE_MAX and ERROR_LINE.search(line)]
+    assert _error_lines(text, split) == expected
