@@ -47,11 +47,16 @@ from agentcompact.tokens import make_counter
 
 from .bodies import BodyCache, Parsed, encode
 from .config import ProxyConfig
-from .h1 import Held
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
 from .relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
-from .upstream import UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
+from .upstream import (
+    HeldRequest,
+    UpstreamClient,
+    UpstreamDropped,
+    UpstreamError,
+    UpstreamResponse,
+)
 from .wire import (
     ANTHROPIC,
     CHAT,
@@ -75,6 +80,9 @@ log = logging.getLogger("agentcompact.proxy")
 _OFFLOOP_BYTES = 128 * 1024
 #: per-session message cache of the token meter (bounds memory held per engine)
 _METER_ENTRIES = 8192
+#: a dialect request whose declared body is at least this large is started upstream while
+#: its body arrives (``_hold``): below it the body's trip to the upstream is negligible
+_HOLD_BYTES = 64 * 1024
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _STATUS_PATH = "/agentcompact/status"
 
@@ -95,10 +103,10 @@ class _Plan:
     sent_messages: list[Any] | None = None
     refusal: BufferedResponse | None = None
     chunks: list[bytes] = field(default_factory=list)
-    #: the original body on its way upstream but for its last byte (see ``_speculate``)
-    held: Held | None = None
+    #: the original body on its way upstream but for its last byte (see ``_hold``)
+    held: HeldRequest | None = None
     #: the body it extends went upstream unchanged: its tokens, the prefix store's
-    #: version then, and its fixed tokens (see ``_speculate``)
+    #: version then, and its fixed tokens (see ``_release_if_bounded``)
     known: tuple[int, int | None, int] | None = None
 
 
@@ -170,8 +178,11 @@ class CompactionProxy:
         self.dumper = DebugDumper(config.debug_dir) if config.debug_dir else None
         self.recorder = _register_recorder(self.pm, config.record) if config.record else None
         self.client = UpstreamClient(config.connect_timeout, config.read_timeout)
-        #: bodies that went upstream unchanged, with their tokens: a request extending one
-        #: of them is likely to go unchanged too (see ``_speculate``)
+        #: a dialect request declaring a body this large or larger is started upstream
+        #: while its body arrives (``None``: never; see ``_hold``)
+        self.hold_bytes: int | None = _HOLD_BYTES
+        #: bodies that went upstream unchanged, with their tokens: a held request extending
+        #: one of them may be completed before it is measured (``_release_if_bounded``)
         self._unchanged: weakref.WeakKeyDictionary[Parsed, tuple[int, int | None, int]] = (
             weakref.WeakKeyDictionary())
 
@@ -206,12 +217,17 @@ class CompactionProxy:
         if request.method == "OPTIONS" and path in ("*", ""):
             # ``OPTIONS *`` asks the server itself (RFC 9110 §9.3.7): no upstream URL has it
             return BufferedResponse(204, [(b"allow", ", ".join(_METHODS).encode())], b"")
-        raw = await request.body()
         dialect = dialect_for(path) if request.method == "POST" else None
         if dialect is None:
-            return await self._passthrough(request, raw)
-        plan = await self._prepare(request, dialect, raw)
-        held = plan.held
+            return await self._passthrough(request, await request.body())
+        held = await self._hold(request)
+        try:
+            raw = await _receive(request, held)
+        except BaseException:
+            if held is not None:
+                held.abort()  # the client left (or failed) before its body was in
+            raise
+        plan = await self._prepare(request, dialect, raw, held)
         try:
             if held is not None and (plan.out is not raw or plan.refusal is not None):
                 held.abort()  # the body changed: the held one never reaches the upstream
@@ -233,9 +249,25 @@ class CompactionProxy:
         return self._done(plan, resp, t0)
 
     # --- preparing the request ------------------------------------------------------
-    async def _prepare(self, request: Request, dialect: str, raw: bytes) -> _Plan:
+    async def _hold(self, request: Request) -> HeldRequest | None:
+        """Start the request upstream before its body is in, when the body is large
+        enough for its trip to the upstream to matter and its declared length cannot
+        plausibly reach the trigger: the body then crosses to the upstream as it arrives,
+        held by its last byte until the engine has decided (``handle``). A request missing
+        its last byte is one the upstream never acts on: a body the engine changes after
+        all is dropped unfinished and the new one sent. The guess only decides what is
+        faster; what is processed is always what the engine decided."""
+        length, least = _declared_length(request), self.hold_bytes
+        if (length is None or least is None or length < least
+                or not self.engines.stays_under(0, length)):
+            return None
+        return await self.client.hold(request.method, self._upstream_url(request),
+                                      request_headers(request.headers.raw), length)
+
+    async def _prepare(self, request: Request, dialect: str, raw: bytes,
+                       held: HeldRequest | None = None) -> _Plan:
         plan = _Plan(dialect, raw, raw, ExchangeLog(request.scope["path"], dialect,
-                                                    shadow=self.config.shadow))
+                                                    shadow=self.config.shadow), held=held)
         headers = request.headers
         try:
             if self.engines.is_async:
@@ -262,18 +294,19 @@ class CompactionProxy:
                       request: Request | None = None) -> bool:
         """Parse and compact. With ``limit`` (on the event loop), stop before a step that
         would parse more than ``limit`` bytes or may compact, and return ``False``; the
-        caller finishes in a worker thread (a call without ``limit``). With ``request``,
-        the body may start on its way upstream meanwhile (``_speculate``)."""
+        caller finishes in a worker thread (a call without ``limit``). With ``request``
+        (on the event loop), a held body may be completed before measuring
+        (``_release_if_bounded``)."""
         new_bytes = len(plan.raw)
         if plan.parsed is None:
             key = self.engines.dialects[plan.dialect].messages_key
             match, new_bytes = self.bodies.lookup(plan.raw, key)
             if limit is not None and new_bytes > limit:
                 return False
-            if request is not None and match is not None:
-                self._speculate(plan, request, match[0], new_bytes)
+            if plan.held is not None and match is not None:
+                plan.known = self._unchanged.get(match[0])
             self._parse(plan, headers, match)
-            if plan.held is not None:
+            if plan.held is not None and request is not None:
                 self._release_if_bounded(plan)
         engine = plan.engine
         if engine is not None and plan.messages is not None and plan.result is None:
@@ -295,22 +328,6 @@ class CompactionProxy:
                 # the body as sent (the original: shadow mode may have computed another)
                 self._unchanged[plan.parsed] = (plan.result.tokens_original, version, fixed)
         return True
-
-    def _speculate(self, plan: _Plan, request: Request, prev: Parsed, new_bytes: int) -> None:
-        """Start the original body upstream, held back by its last byte, before parsing
-        and measuring it, when it extends a body that went unchanged and the new bytes
-        cannot plausibly reach the trigger. The upstream receives the body while the
-        engine works; the last byte follows as soon as the engine is certain to leave the
-        body as it is (``_release_if_bounded``), else after it, or, when the body did
-        change after all, ``handle`` drops the connection and sends the new body: a
-        request missing its last byte is one the upstream never acts on. The guess only
-        decides what is faster; what is processed is always what the engine decided."""
-        known = self._unchanged.get(prev)
-        if known is None or not self.engines.stays_under(known[0], new_bytes):
-            return
-        plan.held = self.client.hold(request.method, self._upstream_url(request),
-                                     request_headers(request.headers.raw), plan.raw)
-        plan.known = known
 
     def _release_if_bounded(self, plan: _Plan) -> None:
         """Complete the held request before measuring when the engine is certain to leave
@@ -440,11 +457,11 @@ class CompactionProxy:
         return f"{base}{path}?{query}" if query else f"{base}{path}"
 
     async def _send(self, request: Request, content: bytes, dialect: str | None,
-                    held: Held | None = None) -> UpstreamResponse | BufferedResponse:
+                    held: HeldRequest | None = None) -> UpstreamResponse | BufferedResponse:
         """Send upstream (or send the held request's last byte) and wait for the response
         headers, watching the client meanwhile: a client that leaves first cancels the
         upstream request (status 499)."""
-        send = (held.commit() if held is not None else
+        send = (held.commit(content) if held is not None else
                 self.client.send(request.method, self._upstream_url(request),
                                  request_headers(request.headers.raw), content))
         try:
@@ -547,6 +564,24 @@ class CompactionProxy:
             usage=got.usage, model=model if isinstance(model, str) else None,
             compacted=plan.ex.modified and not self.config.shadow,
         ), self.pm)
+
+
+async def _receive(request: Request, held: HeldRequest | None) -> bytes:
+    """The request's body, fed on to ``held`` as it arrives."""
+    chunks: list[bytes] = []
+    async for chunk in request.stream():
+        if chunk:
+            chunks.append(chunk)
+            if held is not None:
+                held.feed(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _declared_length(request: Request) -> int | None:
+    value = request.headers.get("content-length")
+    if value is None or not value.isdigit():
+        return None
+    return int(value)
 
 
 def _register_recorder(pm: pluggy.PluginManager, run_dir: str) -> Any:
