@@ -98,9 +98,9 @@ def timed_first_byte(client: httpx.Client, content: bytes) -> float:
 
 
 def app_for(role: str, upstream: str, trigger: int) -> Any:
-    """The ASGI app of one server role: the upstream simulator, a sink, or either proxy
-    (``ours:aiohttp``: ours relaying through aiohttp instead of its own HTTP/1.1 client;
-    ``ours:aiohttp:buffered``: and sending the body on only once it is all in)."""
+    """The ASGI app of one server role: the upstream simulator, a sink (``sink:MBPS``:
+    reading at that link speed), or either proxy (``ours:buffered``: ours sending a body
+    on only once it is all in, instead of while it arrives)."""
     if role == "sim":
         return UpstreamSim(max_recorded=0).app  # bodies of megabytes: keep none
     if role.startswith("sink"):
@@ -110,15 +110,8 @@ def app_for(role: str, upstream: str, trigger: int) -> Any:
     if role.startswith("ours"):
         app = create_app(ProxyConfig(trigger=trigger, anthropic_upstream=upstream,
                                      openai_upstream=upstream, log_requests=False))
-        _, client, forward = (*role.split(":"), "", "")[:3]
-        if forward == "buffered":
+        if role == "ours:buffered":
             app.proxy.hold_bytes = None
-        if client:
-            from agentcompact.integrations.proxy.upstream import UpstreamClient
-
-            config = app.proxy.config
-            app.proxy.client = UpstreamClient(config.connect_timeout, config.read_timeout,
-                                              direct=client)
         return app
     from cliffcompaction.config import Config
     from cliffcompaction.proxy import create_app as cliff_app

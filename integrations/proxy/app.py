@@ -50,13 +50,7 @@ from .config import ProxyConfig
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
 from .relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
-from .upstream import (
-    HeldRequest,
-    UpstreamClient,
-    UpstreamDropped,
-    UpstreamError,
-    UpstreamResponse,
-)
+from .upstream import Held, UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
 from .wire import (
     ANTHROPIC,
     CHAT,
@@ -104,7 +98,7 @@ class _Plan:
     refusal: BufferedResponse | None = None
     chunks: list[bytes] = field(default_factory=list)
     #: the original body on its way upstream but for its last byte (see ``_hold``)
-    held: HeldRequest | None = None
+    held: Held | None = None
     #: the body it extends went upstream unchanged: its tokens, the prefix store's
     #: version then, and its fixed tokens (see ``_release_if_bounded``)
     known: tuple[int, int | None, int] | None = None
@@ -152,6 +146,13 @@ class EnginePool:
         the trigger: a token is at least two bytes of JSON here, on the safe side. A
         guess, not a bound (images count more): it only decides where work is done."""
         return tokens + new_bytes // 2 <= self.budget.trigger
+
+    def may_stay_under(self, body_bytes: int) -> bool:
+        """The guess, before a body is read, that a body of ``body_bytes`` bytes stays
+        within the trigger: a token is about four bytes of JSON, three on the safe side.
+        A guess only (it decides whether a body starts upstream before the engine
+        decides: a wrong one costs a request dropped unfinished, never a wrong body)."""
+        return body_bytes // 3 <= self.budget.trigger
 
     def _new(self, dialect: str, session: str) -> Engine:
         engine = Engine(strategy=self.config.strategy, dialect=self.dialects[dialect],
@@ -220,7 +221,7 @@ class CompactionProxy:
         dialect = dialect_for(path) if request.method == "POST" else None
         if dialect is None:
             return await self._passthrough(request, await request.body())
-        held = await self._hold(request)
+        held = self._hold(request)
         try:
             raw = await _receive(request, held)
         except BaseException:
@@ -249,7 +250,7 @@ class CompactionProxy:
         return self._done(plan, resp, t0)
 
     # --- preparing the request ------------------------------------------------------
-    async def _hold(self, request: Request) -> HeldRequest | None:
+    def _hold(self, request: Request) -> Held | None:
         """Start the request upstream before its body is in, when the body is large
         enough for its trip to the upstream to matter and its declared length cannot
         plausibly reach the trigger: the body then crosses to the upstream as it arrives,
@@ -259,13 +260,13 @@ class CompactionProxy:
         faster; what is processed is always what the engine decided."""
         length, least = _declared_length(request), self.hold_bytes
         if (length is None or least is None or length < least
-                or not self.engines.stays_under(0, length)):
+                or not self.engines.may_stay_under(length)):
             return None
-        return await self.client.hold(request.method, self._upstream_url(request),
+        return self.client.hold(request.method, self._upstream_url(request),
                                       request_headers(request.headers.raw), length)
 
     async def _prepare(self, request: Request, dialect: str, raw: bytes,
-                       held: HeldRequest | None = None) -> _Plan:
+                       held: Held | None = None) -> _Plan:
         plan = _Plan(dialect, raw, raw, ExchangeLog(request.scope["path"], dialect,
                                                     shadow=self.config.shadow), held=held)
         headers = request.headers
@@ -457,7 +458,7 @@ class CompactionProxy:
         return f"{base}{path}?{query}" if query else f"{base}{path}"
 
     async def _send(self, request: Request, content: bytes, dialect: str | None,
-                    held: HeldRequest | None = None) -> UpstreamResponse | BufferedResponse:
+                    held: Held | None = None) -> UpstreamResponse | BufferedResponse:
         """Send upstream (or send the held request's last byte) and wait for the response
         headers, watching the client meanwhile: a client that leaves first cancels the
         upstream request (status 499)."""
@@ -566,7 +567,7 @@ class CompactionProxy:
         ), self.pm)
 
 
-async def _receive(request: Request, held: HeldRequest | None) -> bytes:
+async def _receive(request: Request, held: Held | None) -> bytes:
     """The request's body, fed on to ``held`` as it arrives."""
     chunks: list[bytes] = []
     async for chunk in request.stream():

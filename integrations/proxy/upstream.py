@@ -1,19 +1,23 @@
-"""The proxy's HTTP client to the providers.
+"""The proxy's HTTP client to the providers: one ``aiohttp`` session.
 
-Direct connections use :mod:`.h1`, a lean HTTP/1.1 client on ``httptools`` whose
-per-request cost is a third of ``aiohttp``'s and a sixth of ``httpx``'s in the proxy's
-process: the hop to the upstream is most of the latency a proxy adds. An upstream
-reached through ``HTTP(S)_PROXY`` (``NO_PROXY`` honoured; read once, looked up once per
-host: aiohttp's own ``trust_env`` re-reads them, and ``~/.netrc``, in a worker thread on
-every request) goes through ``aiohttp``, which tunnels and authenticates. Either way the
-body goes out as the bytes given (no re-encoding, no copy), the answer comes back
-undecoded (no content decoding) as it arrives, and there is no cookie jar: cookies an
-upstream sets for one client never reach another.
+One library client for every upstream, direct or reached through ``HTTP(S)_PROXY``
+(``NO_PROXY`` honoured; read once, looked up once per host: aiohttp's own ``trust_env``
+re-reads them, and ``~/.netrc``, in a worker thread on every request). The body goes out
+as the bytes given (no re-encoding, no copy), or as it arrives from the client
+(:class:`Held`); the answer comes back undecoded (no content decoding) as it arrives, and
+there is no cookie jar: cookies an upstream sets for one client never reach another.
+
+Why not a client of our own: the proxy had one (a hand-written HTTP/1.1 client on
+``httptools``, a third of aiohttp's CPU per request). Measured side by side with Claude
+Code-shaped requests at 200k / 1M / 3M tokens (``benchmarks/proxy_claude_code.py
+--client h1,aiohttp``), it saved under 5 ms p50 at every size, within the noise of the
+run (docs/proxy.md, "Latency"): not worth a second HTTP client to keep correct.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -22,18 +26,32 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from .h1 import H1Client, H1Response, Held, UpstreamDropped, UpstreamError, ssl_context
+from ...errors import UpstreamDropped, UpstreamError
 
-__all__ = ["HeldRequest", "UpstreamClient", "UpstreamDropped", "UpstreamError",
-           "UpstreamResponse"]
+__all__ = ["Held", "UpstreamClient", "UpstreamDropped", "UpstreamError", "UpstreamResponse",
+           "ssl_context"]
 
 #: headers aiohttp would otherwise add on its own: the client's own (or none) go upstream
 _SKIP_AUTO = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
+_NO_BODY = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
+_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError)
 
 
-class ProxiedResponse:
-    """An answer through ``aiohttp`` whose headers have arrived (the interface of
-    :class:`.h1.H1Response`); the body is read as it comes."""
+def ssl_context() -> ssl.SSLContext:
+    """The system's CA store (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` honoured) plus certifi's
+    bundle when installed (what httpx trusts), so either kind of set-up verifies."""
+    context = ssl.create_default_context()
+    try:
+        import certifi
+
+        context.load_verify_locations(certifi.where())
+    except (ImportError, OSError):
+        pass
+    return context
+
+
+class UpstreamResponse:
+    """An upstream answer whose headers have arrived; the body is read as it comes."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._r = response
@@ -68,13 +86,10 @@ class ProxiedResponse:
             self._r.close()
 
 
-#: an upstream answer whose headers have arrived
-UpstreamResponse = H1Response | ProxiedResponse
-
-
-class ProxiedHeld:
-    """:class:`.h1.Held` through ``aiohttp``: the request runs in a task of its own whose
-    body is what :meth:`feed` gets, all of it but its last byte until :meth:`release`."""
+class Held:
+    """A request whose body is sent as it arrives, all of it but its last byte until
+    :meth:`release` (:meth:`UpstreamClient.hold`). The request runs in a task of its own;
+    its body is what :meth:`feed` gets."""
 
     def __init__(self, client: UpstreamClient, method: str, target: URL, proxy: str | None,
                  headers: Sequence[tuple[bytes, bytes]], length: int) -> None:
@@ -88,14 +103,17 @@ class ProxiedHeld:
         sized = [*headers, (b"content-length", str(length).encode())]
         self._task = asyncio.get_running_loop().create_task(
             client._request(method, target, proxy, sized, self._body()))
+        self._task.add_done_callback(_retrieved)
 
     async def _body(self) -> AsyncIterator[bytes]:
         while (chunk := await self._queue.get()) is not None:
             yield chunk
 
     def feed(self, chunk: bytes) -> None:
+        """Send the next body bytes on, all but the body's last one (kept for
+        :meth:`release`)."""
         fed, self._fed = self._fed, self._fed + len(chunk)
-        now = self._length - 1 - fed
+        now = self._length - 1 - fed  # bytes of this chunk that may go now
         if now >= len(chunk):
             self._queue.put_nowait(chunk)
             return
@@ -105,6 +123,9 @@ class ProxiedHeld:
             self._last = chunk[-1:]
 
     def release(self) -> bool:
+        """Send the last byte now (the request is complete upstream); ``False`` when the
+        body is not all in or the request already ended (then :meth:`commit` sends it
+        anew)."""
         if self.done or self.released:
             return self.released
         if not self._last or self._task.done():
@@ -114,15 +135,25 @@ class ProxiedHeld:
         self.released = True
         return True
 
-    async def commit(self, content: bytes) -> ProxiedResponse:
+    async def commit(self, content: bytes) -> UpstreamResponse:
+        """Send the last byte (unless :meth:`release` did) of ``content``, the whole body
+        fed; return once the answer's headers are in (errors as ``send``). A request that
+        ended before that byte went out, or whose body was not ``content``, was never
+        complete upstream: it is dropped and the request sent anew."""
         complete = self._fed == self._length == len(content)
         released = self.release() if complete else self.released
         self.done = True
         if not released:
             self._cancel()
             method, target, proxy, headers = self._request
-            return await self._client._send_proxied(method, target, proxy, headers, content)
+            return await self._client._send(method, target, proxy, headers, content)
         return await self._task
+
+    def abort(self) -> None:
+        """Drop the request: the upstream sees an incomplete one on a closed connection."""
+        if not self.done:
+            self.done = True
+            self._cancel()
 
     def _cancel(self) -> None:
         task = self._task
@@ -131,65 +162,65 @@ class ProxiedHeld:
         elif not task.cancelled() and task.exception() is None:
             task.result().close(False)  # an early answer (an error): its connection goes
 
-    def abort(self) -> None:
-        if not self.done:
-            self.done = True
-            self._cancel()
 
-
-#: a request sent but for its body's last byte
-HeldRequest = Held | ProxiedHeld
+def _retrieved(task: asyncio.Task[UpstreamResponse]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a dropped request's failure is not logged
 
 
 class UpstreamClient:
-    """A keep-alive connection pool to the upstreams, created in the serving event loop.
+    """A keep-alive connection pool to the upstreams, created in the serving event loop."""
 
-    :param direct: the client of direct connections: ``"h1"`` (:mod:`.h1`) or
-        ``"aiohttp"`` (what a proxied upstream always goes through).
-    """
-
-    def __init__(self, connect_timeout: float, read_timeout: float,
-                 max_keepalive: int = 128, *, direct: str = "h1") -> None:
-        if direct not in ("h1", "aiohttp"):
-            raise ValueError(f"direct client {direct!r}: expected 'h1' or 'aiohttp'")
+    def __init__(self, connect_timeout: float, read_timeout: float) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self.max_keepalive = max_keepalive
         self._session: aiohttp.ClientSession | None = None
-        self._direct = H1Client(connect_timeout, read_timeout) if direct == "h1" else None
         self._env_proxies = urllib.request.getproxies()
         self._proxy_for: dict[tuple[str, str], str | None] = {}
 
-    def _route(self, url: str) -> tuple[URL, str | None] | None:
-        """``url`` and the proxy from the environment to reach it through (``None``: no
-        proxy) when ``aiohttp`` carries it; ``None`` when :mod:`.h1` does."""
-        if not self._env_proxies:
-            return None if self._direct is not None else self._target(url)
+    def route(self, url: str) -> tuple[URL, str | None]:
+        """``url`` as aiohttp takes it (the path and query as the client wrote them) and
+        the proxy from the environment to reach it through (``None``: connect directly).
+        Raises :class:`UpstreamError` for what is not an http(s) URL."""
         try:
-            target = URL(url, encoded=True)  # the path and query as the client wrote them
-        except ValueError:
-            return None  # not a URL: the direct send reports it (502), never a 500 here
-        key = (target.scheme, target.host or "")
+            target = URL(url, encoded=True)
+        except ValueError as exc:
+            raise UpstreamError(f"not an http(s) URL: {type(exc).__name__}") from exc
+        if target.scheme not in ("http", "https") or not target.host:
+            raise UpstreamError(f"not an http(s) URL (scheme {target.scheme!r})")
+        if not self._env_proxies:
+            return target, None
+        key = (target.scheme, target.host)
         if key not in self._proxy_for:
             proxy = self._env_proxies.get(target.scheme)
-            if proxy and target.host and urllib.request.proxy_bypass(target.host):
+            if proxy and urllib.request.proxy_bypass(target.host):
                 proxy = None
             self._proxy_for[key] = proxy or None
-        proxy = self._proxy_for[key]
-        if proxy is None and self._direct is not None:
+        return target, self._proxy_for[key]
+
+    async def send(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
+                   content: bytes) -> UpstreamResponse:
+        """Send a request; return once the response headers are in."""
+        return await self._send(method, *self.route(url), headers, content)
+
+    def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
+             length: int) -> Held | None:
+        """Start a request whose body of ``length`` bytes arrives later (:meth:`Held.feed`),
+        all of it but its last byte: :meth:`Held.commit` sends that byte and waits for the
+        answer as :meth:`send` does, :meth:`Held.abort` drops the connection.
+
+        Until the last byte arrives the upstream cannot act on the request (its length
+        is announced), so a request held then aborted never reached it; meanwhile the
+        body crosses the network while it still arrives and while the caller works out
+        whether it is the body to send. ``None`` for a body under two bytes or a bad URL
+        (``send`` reports it)."""
+        if length < 2:
             return None
-        return target, proxy
-
-    def _via_proxy(self, url: str) -> tuple[URL, str | None] | None:
-        route = self._route(url)
-        return None if route is None or route[1] is None else route
-
-    @staticmethod
-    def _target(url: str) -> tuple[URL, None] | None:
         try:
-            return URL(url, encoded=True), None
-        except ValueError:
+            target, proxy = self.route(url)
+        except UpstreamError:
             return None
+        return Held(self, method, target, proxy, headers, length)
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15,
@@ -202,40 +233,16 @@ class UpstreamClient:
                                      cookie_jar=aiohttp.DummyCookieJar(),
                                      skip_auto_headers=_SKIP_AUTO)
 
-    async def send(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
-                   content: bytes) -> UpstreamResponse:
-        """Send a request; return once the response headers are in."""
-        route = self._route(url)
-        if route is not None:
-            return await self._send_proxied(method, *route, headers, content)
-        if self._direct is None:
-            raise UpstreamError(f"not an http(s) URL: {url!r}")
-        try:
-            return await self._direct.send(method, url, headers, content)
-        except ValueError as exc:
-            raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
-
-    async def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
-                   length: int) -> HeldRequest | None:
-        """Start a request whose body of ``length`` bytes is fed as it arrives, sent but
-        for its last byte until released (:meth:`.h1.H1Client.hold`); ``None`` when it
-        cannot start (a body under two bytes, a bad URL: ``send`` reports it)."""
-        if length < 2:
-            return None
-        route = self._route(url)
-        if route is not None:
-            if self._session is None:
-                self._session = self._open()
-            return ProxiedHeld(self, method, *route, headers, length)
-        if self._direct is None:
-            return None
-        try:
-            return await self._direct.hold(method, url, headers, length)
-        except (ValueError, UpstreamError):
-            return None  # ``send`` reports the bad URL or the refused connection
+    async def _send(self, method: str, target: URL, proxy: str | None,
+                    headers: Sequence[tuple[bytes, bytes]], content: bytes
+                    ) -> UpstreamResponse:
+        with_body = bool(content) or method not in _NO_BODY
+        return await self._request(method, target, proxy, headers,
+                                   content if with_body else None)
 
     async def _request(self, method: str, target: URL, proxy: str | None,
-                       headers: Sequence[tuple[bytes, bytes]], data: Any) -> ProxiedResponse:
+                       headers: Sequence[tuple[bytes, bytes]], data: Any
+                       ) -> UpstreamResponse:
         if self._session is None:
             self._session = self._open()
         hdrs: CIMultiDict[str] = CIMultiDict(
@@ -246,20 +253,11 @@ class UpstreamClient:
             kwargs["data"] = data
         try:
             response = await self._session.request(method, target, **kwargs)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+        except _ERRORS as exc:
             raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
-        return ProxiedResponse(response)
-
-    async def _send_proxied(self, method: str, target: URL, proxy: str | None,
-                            headers: Sequence[tuple[bytes, bytes]], content: bytes
-                            ) -> ProxiedResponse:
-        with_body = content or method not in ("GET", "HEAD", "OPTIONS", "DELETE")
-        return await self._request(method, target, proxy, headers,
-                                   content if with_body else None)
+        return UpstreamResponse(response)
 
     async def aclose(self) -> None:
-        if self._direct is not None:
-            await self._direct.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None
