@@ -16,6 +16,7 @@ original bytes (fail-open).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -568,13 +569,15 @@ class CompactionProxy:
 
 
 async def _receive(request: Request, held: Held | None) -> bytes:
-    """The request's body, fed on to ``held`` as it arrives."""
+    """The request's body, fed on to ``held`` as it arrives (the next chunk may be in
+    already: the loop runs in between, so the upstream request progresses with it)."""
     chunks: list[bytes] = []
     async for chunk in request.stream():
         if chunk:
             chunks.append(chunk)
             if held is not None:
                 held.feed(chunk)
+                await asyncio.sleep(0)  # the upstream request's task sends it on meanwhile
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
