@@ -7,11 +7,13 @@ request's messages with an engine of that dialect, then forwards; every other re
 passes through untouched. Only request bodies are rewritten: responses (SSE included) are
 relayed as they arrive.
 
-Per request: parse → probe? → session key → the session's engine compacts (off the event
-loop when the body is large) → encode only if modified (else the original bytes) → send
-→ on a context-length error, compact harder and replay once → relay and, with ``--record``,
-log the model call with the reassembled response. Any failure before sending forwards the
-original bytes (fail-open).
+Per request, in steps: receive the body (a large one that may stay under the trigger is
+sent on upstream as it arrives, held by its last byte: ``_hold``) → prepare (parse, probe?,
+session key, the session's engine compacts — off the event loop when the body is large —,
+encode only if modified, else the original bytes) → send (or complete the held request;
+on a context-length error, compact harder and replay once) → relay the answer → record
+(the log line; with ``--record``, the model call with the reassembled response). Any
+failure before sending forwards the original bytes (fail-open).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sized
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -51,7 +53,13 @@ from .config import ProxyConfig
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
 from .relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
-from .upstream import Held, UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
+from .upstream import (
+    HeldRequest,
+    UpstreamClient,
+    UpstreamDropped,
+    UpstreamError,
+    UpstreamResponse,
+)
 from .wire import (
     ANTHROPIC,
     CHAT,
@@ -97,12 +105,6 @@ class _Plan:
     result: CompactionResult | None = None
     sent_messages: list[Any] | None = None
     refusal: BufferedResponse | None = None
-    chunks: list[bytes] = field(default_factory=list)
-    #: the original body on its way upstream but for its last byte (see ``_hold``)
-    held: Held | None = None
-    #: the body it extends went upstream unchanged: its tokens, the prefix store's
-    #: version then, and its fixed tokens (see ``_release_if_bounded``)
-    known: tuple[int, int | None, int] | None = None
 
 
 class EnginePool:
@@ -222,7 +224,7 @@ class CompactionProxy:
         dialect = dialect_for(path) if request.method == "POST" else None
         if dialect is None:
             return await self._passthrough(request, await request.body())
-        held = self._hold(request)
+        held = await self._hold(request)
         try:
             raw = await _receive(request, held)
         except BaseException:
@@ -251,7 +253,7 @@ class CompactionProxy:
         return self._done(plan, resp, t0)
 
     # --- preparing the request ------------------------------------------------------
-    def _hold(self, request: Request) -> Held | None:
+    async def _hold(self, request: Request) -> HeldRequest | None:
         """Start the request upstream before its body is in, when the body is large
         enough for its trip to the upstream to matter and its declared length cannot
         plausibly reach the trigger: the body then crosses to the upstream as it arrives,
@@ -263,13 +265,13 @@ class CompactionProxy:
         if (length is None or least is None or length < least
                 or not self.engines.may_stay_under(length)):
             return None
-        return self.client.hold(request.method, self._upstream_url(request),
+        return await self.client.hold(request.method, self._upstream_url(request),
                                       request_headers(request.headers.raw), length)
 
     async def _prepare(self, request: Request, dialect: str, raw: bytes,
-                       held: Held | None = None) -> _Plan:
+                       held: HeldRequest | None = None) -> _Plan:
         plan = _Plan(dialect, raw, raw, ExchangeLog(request.scope["path"], dialect,
-                                                    shadow=self.config.shadow), held=held)
+                                                    shadow=self.config.shadow))
         headers = request.headers
         try:
             if self.engines.is_async:
@@ -278,9 +280,9 @@ class CompactionProxy:
                     plan.result = await plan.engine.acompact(plan.messages,
                                                               fixed_tokens=_fixed(plan))
                     self._apply(plan)
-            elif not self._prepare_sync(plan, headers, _OFFLOOP_BYTES, request):
+            elif not self._prepare_sync(plan, headers, _OFFLOOP_BYTES, held, on_loop=True):
                 # more to parse, or a compaction likely: off the event loop
-                await anyio.to_thread.run_sync(self._prepare_sync, plan, headers, None)
+                await anyio.to_thread.run_sync(self._prepare_sync, plan, headers, None, held)
         except Exception as exc:  # fail-open: the original bytes go upstream
             # no traceback: a chained exception could carry the history it was raised over
             log.warning("compaction failed (%s); forwarding the original request (session %s)",
@@ -293,23 +295,21 @@ class CompactionProxy:
         return plan
 
     def _prepare_sync(self, plan: _Plan, headers: Any, limit: int | None,
-                      request: Request | None = None) -> bool:
+                      held: HeldRequest | None = None, *, on_loop: bool = False) -> bool:
         """Parse and compact. With ``limit`` (on the event loop), stop before a step that
         would parse more than ``limit`` bytes or may compact, and return ``False``; the
-        caller finishes in a worker thread (a call without ``limit``). With ``request``
-        (on the event loop), a held body may be completed before measuring
-        (``_release_if_bounded``)."""
+        caller finishes in a worker thread (a call without ``limit``). ``held``: the
+        original body on its way upstream but for its last byte (``_hold``); ``on_loop``,
+        it may be completed before measuring (``_release_if_bounded``)."""
         new_bytes = len(plan.raw)
         if plan.parsed is None:
             key = self.engines.dialects[plan.dialect].messages_key
             match, new_bytes = self.bodies.lookup(plan.raw, key)
             if limit is not None and new_bytes > limit:
                 return False
-            if plan.held is not None and match is not None:
-                plan.known = self._unchanged.get(match[0])
             self._parse(plan, headers, match)
-            if plan.held is not None and request is not None:
-                self._release_if_bounded(plan)
+            if held is not None and on_loop and match is not None:
+                self._release_if_bounded(plan, held, self._unchanged.get(match[0]))
         engine = plan.engine
         if engine is not None and plan.messages is not None and plan.result is None:
             if (limit is not None and len(plan.raw) > limit
@@ -320,7 +320,7 @@ class CompactionProxy:
             plan.result = engine.compact(plan.messages, fixed_tokens=fixed)
             self.engines.sent_tokens[engine] = plan.result.tokens_after
             self._apply(plan)
-            if plan.held is not None and plan.held.released and plan.out is not plan.raw:
+            if held is not None and held.released and plan.out is not plan.raw:
                 # cannot happen while Engine.leaves_unchanged holds; the body is upstream
                 log.error("a body sent before the engine finished was changed by it; "
                           "the original went upstream (session %s)", plan.ex.session)
@@ -331,14 +331,17 @@ class CompactionProxy:
                 self._unchanged[plan.parsed] = (plan.result.tokens_original, version, fixed)
         return True
 
-    def _release_if_bounded(self, plan: _Plan) -> None:
+    def _release_if_bounded(self, plan: _Plan, held: HeldRequest,
+                            known: tuple[int, int | None, int] | None) -> None:
         """Complete the held request before measuring when the engine is certain to leave
         the body unchanged: the messages it shares with the earlier body count what they
         counted then, the new ones at most their UTF-8 bytes (plus overheads), and no
         prefix was stored since (``Engine.leaves_unchanged``). The upstream then works on
-        the request while the engine tokenizes the new messages for its exact figures."""
-        engine, held, known, parsed = plan.engine, plan.held, plan.known, plan.parsed
-        if engine is None or held is None or plan.messages is None or known is None:
+        the request while the engine tokenizes the new messages for its exact figures.
+        ``known``: the earlier body went upstream unchanged: its tokens, the prefix
+        store's version then, and its fixed tokens."""
+        engine, parsed = plan.engine, plan.parsed
+        if engine is None or plan.messages is None or known is None:
             return
         tokens, version, fixed = known
         if parsed is not None and parsed.reused:  # the earlier body's messages, as counted
@@ -459,7 +462,7 @@ class CompactionProxy:
         return f"{base}{path}?{query}" if query else f"{base}{path}"
 
     async def _send(self, request: Request, content: bytes, dialect: str | None,
-                    held: Held | None = None) -> UpstreamResponse | BufferedResponse:
+                    held: HeldRequest | None = None) -> UpstreamResponse | BufferedResponse:
         """Send upstream (or send the held request's last byte) and wait for the response
         headers, watching the client meanwhile: a client that leaves first cancels the
         upstream request (status 499)."""
@@ -545,18 +548,24 @@ class CompactionProxy:
             ex.emit()
         if isinstance(resp, BufferedResponse):
             return resp
-        recording = self.config.record is not None and resp.status_code < 300
-        self.stats.stream_opened(1)
-        return RelayResponse(resp, tee=plan.chunks.append if recording else None,
-                             on_close=lambda ok: self._closed(plan, resp, ok, recording))
+        return self._relay(plan, resp)
 
-    def _closed(self, plan: _Plan, resp: UpstreamResponse, complete: bool, recording: bool
-                ) -> None:
+    def _relay(self, plan: _Plan, resp: UpstreamResponse) -> RelayResponse:
+        """Relay the answer; with ``--record``, keep a copy of it to log the model call
+        at its end (``_record``)."""
+        kept: list[bytes] | None = (
+            [] if self.config.record is not None and resp.status_code < 300 else None)
+        self.stats.stream_opened(1)
+        return RelayResponse(resp, tee=kept.append if kept is not None else None,
+                             on_close=lambda ok: self._record(plan, resp, ok, kept))
+
+    def _record(self, plan: _Plan, resp: UpstreamResponse, complete: bool,
+                kept: list[bytes] | None) -> None:
         self.stats.stream_opened(-1)
-        if not (recording and complete and plan.body is not None):
+        if kept is None or not complete or plan.body is None:
             return
         streamed = "text/event-stream" in resp.headers.get("content-type", "")
-        got = reassemble(plan.dialect, b"".join(plan.chunks), streamed=streamed)
+        got = reassemble(plan.dialect, b"".join(kept), streamed=streamed)
         dialect = self.engines.dialects[plan.dialect]
         request = {k: v for k, v in plan.body.items() if k != dialect.messages_key}
         model = got.model or plan.body.get("model")
@@ -568,7 +577,7 @@ class CompactionProxy:
         ), self.pm)
 
 
-async def _receive(request: Request, held: Held | None) -> bytes:
+async def _receive(request: Request, held: HeldRequest | None) -> bytes:
     """The request's body, fed on to ``held`` as it arrives (the next chunk may be in
     already: the loop runs in between, so the upstream request progresses with it)."""
     chunks: list[bytes] = []

@@ -1,23 +1,26 @@
-"""The proxy's HTTP client to the providers: one ``aiohttp`` session.
+"""The proxy's HTTP clients to the providers: one per job.
 
-One library client for every upstream, direct or reached through ``HTTP(S)_PROXY``
-(``NO_PROXY`` honoured; read once, looked up once per host: aiohttp's own ``trust_env``
-re-reads them, and ``~/.netrc``, in a worker thread on every request). The body goes out
-as the bytes given (no re-encoding, no copy), or as it arrives from the client
-(:class:`Held`); the answer comes back undecoded (no content decoding) as it arrives, and
-there is no cookie jar: cookies an upstream sets for one client never reach another.
+- **Direct upstreams** (the usual case): :mod:`.h1`, a lean HTTP/1.1 client on
+  ``httptools``. Kept by measurement: side by side with ``aiohttp`` in one run with Claude
+  Code-shaped requests (``benchmarks/proxy_claude_code.py --client h1,aiohttp`` at
+  49c02cb), a body streamed through to a provider across a 1 Gbit/s link got its first
+  answer byte 6.4 ms (1M tokens) and 14.4 ms (3M) sooner p50 through it (1.7 ms at 200k;
+  docs/proxy.md, "Latency"): it writes the body on as it arrives, where aiohttp's writer
+  waits for each chunk to drain.
+- **Upstreams behind ``HTTP(S)_PROXY``** (``NO_PROXY`` honoured; read once, looked up
+  once per host: aiohttp's own ``trust_env`` re-reads them, and ``~/.netrc``, in a worker
+  thread on every request): ``aiohttp``, which does what :mod:`.h1` does not, CONNECT
+  tunnelling and proxy authentication.
 
-Why not a client of our own: the proxy had one (a hand-written HTTP/1.1 client on
-``httptools``, a third of aiohttp's CPU per request). Measured side by side with Claude
-Code-shaped requests at 200k / 1M / 3M tokens (``benchmarks/proxy_claude_code.py
---client h1,aiohttp``), it saved under 5 ms p50 at every size, within the noise of the
-run (docs/proxy.md, "Latency"): not worth a second HTTP client to keep correct.
+Either way the body goes out as the bytes given (no re-encoding, no copy), or as it
+arrives from the client (a held request), the answer comes back undecoded (no content
+decoding) as it arrives, and there is no cookie jar: cookies an upstream sets for one
+client never reach another.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -26,10 +29,11 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from ...errors import UpstreamDropped, UpstreamError
+from . import h1
+from .h1 import H1Client, H1Response, UpstreamDropped, UpstreamError, ssl_context
 
-__all__ = ["Held", "UpstreamClient", "UpstreamDropped", "UpstreamError", "UpstreamResponse",
-           "ssl_context"]
+__all__ = ["HeldRequest", "ProxiedHeld", "ProxiedResponse", "UpstreamClient",
+           "UpstreamDropped", "UpstreamError", "UpstreamResponse"]
 
 #: headers aiohttp would otherwise add on its own: the client's own (or none) go upstream
 _SKIP_AUTO = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
@@ -37,21 +41,9 @@ _NO_BODY = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 _ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError)
 
 
-def ssl_context() -> ssl.SSLContext:
-    """The system's CA store (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` honoured) plus certifi's
-    bundle when installed (what httpx trusts), so either kind of set-up verifies."""
-    context = ssl.create_default_context()
-    try:
-        import certifi
-
-        context.load_verify_locations(certifi.where())
-    except (ImportError, OSError):
-        pass
-    return context
-
-
-class UpstreamResponse:
-    """An upstream answer whose headers have arrived; the body is read as it comes."""
+class ProxiedResponse:
+    """An answer through ``aiohttp`` whose headers have arrived (the interface of
+    :class:`.h1.H1Response`); the body is read as it comes."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._r = response
@@ -86,10 +78,10 @@ class UpstreamResponse:
             self._r.close()
 
 
-class Held:
-    """A request whose body is sent as it arrives, all of it but its last byte until
-    :meth:`release` (:meth:`UpstreamClient.hold`). The request runs in a task of its own;
-    its body is what :meth:`feed` gets."""
+class ProxiedHeld:
+    """:class:`.h1.Held` through ``aiohttp``: a request whose body is sent as it arrives,
+    all of it but its last byte until :meth:`release`. The request runs in a task of its
+    own; its body is what :meth:`feed` gets."""
 
     def __init__(self, client: UpstreamClient, method: str, target: URL, proxy: str | None,
                  headers: Sequence[tuple[bytes, bytes]], length: int) -> None:
@@ -135,7 +127,7 @@ class Held:
         self.released = True
         return True
 
-    async def commit(self, content: bytes) -> UpstreamResponse:
+    async def commit(self, content: bytes) -> ProxiedResponse:
         """Send the last byte (unless :meth:`release` did) of ``content``, the whole body
         fed; return once the answer's headers are in (errors as ``send``). A request that
         ended before that byte went out, or whose body was not ``content``, was never
@@ -163,7 +155,13 @@ class Held:
             task.result().close(False)  # an early answer (an error): its connection goes
 
 
-def _retrieved(task: asyncio.Task[UpstreamResponse]) -> None:
+#: an upstream answer whose headers have arrived
+UpstreamResponse = H1Response | ProxiedResponse
+#: a request sent but for its body's last byte
+HeldRequest = h1.Held | ProxiedHeld
+
+
+def _retrieved(task: asyncio.Task[ProxiedResponse]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: a dropped request's failure is not logged
 
@@ -175,6 +173,7 @@ class UpstreamClient:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._direct = H1Client(connect_timeout, read_timeout)
         self._env_proxies = urllib.request.getproxies()
         self._proxy_for: dict[tuple[str, str], str | None] = {}
 
@@ -201,10 +200,16 @@ class UpstreamClient:
     async def send(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
                    content: bytes) -> UpstreamResponse:
         """Send a request; return once the response headers are in."""
-        return await self._send(method, *self.route(url), headers, content)
+        target, proxy = self.route(url)
+        if proxy is not None:
+            return await self._send(method, target, proxy, headers, content)
+        try:
+            return await self._direct.send(method, url, headers, content)
+        except ValueError as exc:
+            raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
 
-    def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
-             length: int) -> Held | None:
+    async def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
+                   length: int) -> HeldRequest | None:
         """Start a request whose body of ``length`` bytes arrives later (:meth:`Held.feed`),
         all of it but its last byte: :meth:`Held.commit` sends that byte and waits for the
         answer as :meth:`send` does, :meth:`Held.abort` drops the connection.
@@ -212,15 +217,17 @@ class UpstreamClient:
         Until the last byte arrives the upstream cannot act on the request (its length
         is announced), so a request held then aborted never reached it; meanwhile the
         body crosses the network while it still arrives and while the caller works out
-        whether it is the body to send. ``None`` for a body under two bytes or a bad URL
-        (``send`` reports it)."""
+        whether it is the body to send. ``None`` for a body under two bytes, a bad URL or
+        an upstream that refuses the connection (``send`` reports them)."""
         if length < 2:
             return None
         try:
             target, proxy = self.route(url)
-        except UpstreamError:
+            if proxy is not None:
+                return ProxiedHeld(self, method, target, proxy, headers, length)
+            return await self._direct.hold(method, url, headers, length)
+        except (UpstreamError, ValueError):
             return None
-        return Held(self, method, target, proxy, headers, length)
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15,
@@ -235,14 +242,14 @@ class UpstreamClient:
 
     async def _send(self, method: str, target: URL, proxy: str | None,
                     headers: Sequence[tuple[bytes, bytes]], content: bytes
-                    ) -> UpstreamResponse:
+                    ) -> ProxiedResponse:
         with_body = bool(content) or method not in _NO_BODY
         return await self._request(method, target, proxy, headers,
                                    content if with_body else None)
 
     async def _request(self, method: str, target: URL, proxy: str | None,
                        headers: Sequence[tuple[bytes, bytes]], data: Any
-                       ) -> UpstreamResponse:
+                       ) -> ProxiedResponse:
         if self._session is None:
             self._session = self._open()
         hdrs: CIMultiDict[str] = CIMultiDict(
@@ -255,9 +262,10 @@ class UpstreamClient:
             response = await self._session.request(method, target, **kwargs)
         except _ERRORS as exc:
             raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
-        return UpstreamResponse(response)
+        return ProxiedResponse(response)
 
     async def aclose(self) -> None:
+        await self._direct.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None
