@@ -10,14 +10,20 @@ newest message (its marker is gone) and appends one turn. No compaction happens 
 above the size): Claude Code behind the proxy sees the compacted usage and never compacts
 itself, so this is the steady per-request cost as its history grows.
 
-Per step the same body goes directly to the simulator, through agentcompact's proxy and
+Per step the same body goes directly to the upstream, through agentcompact's proxy and
 through CliffCompaction's (order rotated; each server in its own process, uvicorn with
 httptools/uvloop for all); "added" is the proxied time minus the direct time of the same
-step. ``work`` is agentcompact's own per-request work measured in process without HTTP
-(parse what is new, measure, decide), the part that must stay O(new bytes).
+step. The upstream is a sink by default (it reads the body and answers at once: the
+simulator's own token count of a 12 MB body, ~300 ms +-20, would drown what a proxy adds);
+``--link-mbps`` makes it read at a network link's speed, as a provider across a network
+does, where a proxy that sends a body on only once it is all in pays the whole transfer
+again (``--buffered`` shows that proxy side by side). ``work`` is agentcompact's own
+per-request work measured in process without HTTP (parse what is new, measure, decide),
+the part that must stay O(new bytes).
 
     TIKTOKEN_CACHE_DIR=... python benchmarks/proxy_claude_code.py [--sizes 200000,1000000,3000000]
-        [--steps 20] [--warmup 3] [--no-cliff]
+        [--steps 20] [--warmup 3] [--no-cliff] [--buffered] [--link-mbps 1000]
+        [--upstream sink|sim]
 """
 
 from __future__ import annotations

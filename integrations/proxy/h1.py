@@ -36,7 +36,8 @@ import httptools
 
 from ...errors import UpstreamDropped, UpstreamError
 
-__all__ = ["H1Client", "H1Response", "Held", "Origin", "UpstreamDropped", "UpstreamError"]
+__all__ = ["H1Client", "H1Response", "Held", "Origin", "UpstreamDropped", "UpstreamError",
+           "hold_back"]
 
 #: unread answer bytes above which the connection stops reading (until the relay drains)
 _HIGH_WATER = 1 << 20
@@ -251,6 +252,17 @@ class _Stale(Exception):
     it while idle)."""
 
 
+def hold_back(chunk: bytes, fed: int, length: int) -> tuple[bytes, bytes]:
+    """``chunk``, the bytes of a ``length``-byte body from offset ``fed`` on, split into
+    what may be sent on now and the body's last byte when ``chunk`` ends the body (else
+    ``b""``): the last byte is held back."""
+    now = length - 1 - fed
+    if now >= len(chunk):
+        return chunk, b""
+    last = chunk[-1:] if fed + len(chunk) == length else b""
+    return (chunk[:now] if now > 0 else b""), last
+
+
 class Held:
     """A request whose body is sent as it arrives but for its last byte
     (:meth:`H1Client.hold`)."""
@@ -271,18 +283,12 @@ class Held:
     def feed(self, chunk: bytes) -> None:
         """Send the next body bytes on, all but the body's last one (kept for
         :meth:`release`)."""
-        fed, self._fed = self._fed, self._fed + len(chunk)
+        now, last = hold_back(chunk, self._fed, self._length)
+        self._fed += len(chunk)
+        self._last = last or self._last
         conn = self._conn
-        if self.done or conn.closed or conn.transport is None:
-            return
-        now = self._length - 1 - fed  # bytes of this chunk that may go now
-        if now >= len(chunk):
-            conn.transport.write(chunk)
-            return
-        if now > 0:
-            conn.transport.write(chunk[:now])
-        if self._fed == self._length:
-            self._last = chunk[-1:]
+        if now and not (self.done or conn.closed or conn.transport is None):
+            conn.transport.write(now)
 
     def release(self) -> bool:
         """Send the last byte now (the request is complete upstream); ``False`` when the

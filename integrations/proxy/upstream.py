@@ -104,15 +104,11 @@ class ProxiedHeld:
     def feed(self, chunk: bytes) -> None:
         """Send the next body bytes on, all but the body's last one (kept for
         :meth:`release`)."""
-        fed, self._fed = self._fed, self._fed + len(chunk)
-        now = self._length - 1 - fed  # bytes of this chunk that may go now
-        if now >= len(chunk):
-            self._queue.put_nowait(chunk)
-            return
-        if now > 0:
-            self._queue.put_nowait(chunk[:now])
-        if self._fed == self._length:
-            self._last = chunk[-1:]
+        now, last = h1.hold_back(chunk, self._fed, self._length)
+        self._fed += len(chunk)
+        self._last = last or self._last
+        if now:
+            self._queue.put_nowait(now)
 
     def release(self) -> bool:
         """Send the last byte now (the request is complete upstream); ``False`` when the
