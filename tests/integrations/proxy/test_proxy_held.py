@@ -201,3 +201,53 @@ def test_a_client_leaving_mid_body_leaves_the_upstream_an_incomplete_request(
     assert sent.request == raw[:-100]  # what arrived went on, and no more
     assert sent.finished.wait(5)
     assert upstream.requests == []  # the simulator's application never acted on it
+
+
+def test_held_requests_through_an_environment_proxy_go_by_aiohttp(
+        start_proxy: ProxyFactory, upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    # an HTTP forward proxy in front of the simulator: aiohttp sends it each request with
+    # the absolute URL of an upstream only the forward proxy reaches (no such host here)
+    from urllib.parse import urlsplit
+
+    from agentcompact.integrations.upstream_sim import serve
+
+    async def forward(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            assert scope["path"].startswith("http://upstream.invalid/")  # absolute form
+            path = urlsplit(scope["path"]).path
+            scope = {**scope, "path": path, "raw_path": path.encode()}
+        await upstream.tap(scope, receive, send)
+
+    for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY",
+                 "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with serve(forward) as forward_proxy:
+        monkeypatch.setenv("HTTP_PROXY", forward_proxy.base_url)
+        proxy = holding(start_proxy, trigger=200_000, counter="chars",
+                        anthropic_upstream="http://upstream.invalid")
+        small = holding(start_proxy, trigger=3000, target=1500, counter="chars",
+                        anthropic_upstream="http://upstream.invalid")
+        full = anthropic_history(8)
+        sent: list[bytes] = []
+        # the test's own client is not one of the proxy's clients: no environment proxy
+        with httpx.Client(base_url=proxy.base_url, timeout=10, trust_env=False) as client:
+            for turns in range(2, 8):
+                raw, response = post(client, full[: 1 + 2 * turns])
+                assert response.status_code == 200
+                assert response.json()["type"] == "message"
+                sent.append(raw)
+        # a body the engine changes: the held one is dropped, the compacted one answered
+        images = [{"type": "image", "source": {"type": "url", "url": f"https://x.test/{i}"}}
+                  for i in range(2)]  # 3,200 tokens in a short JSON: held, then compacted
+        with httpx.Client(base_url=small.base_url, timeout=10, trust_env=False) as client:
+            grown, response = post(client, [*anthropic_history(4), {
+                "role": "assistant", "content": "Here."}, {"role": "user", "content": images}])
+    monkeypatch.delenv("HTTP_PROXY")
+    assert response.status_code == 200
+    assert [r.request for r in upstream.tap.sent][: len(sent)] == sent
+    assert all(r.completed for r in upstream.tap.sent[: len(sent)])
+    assert status(proxy)["held"] == {"sent": len(sent), "sent_early": len(sent) - 1,
+                                     "dropped": 0}
+    assert upstream.tap.sent[-1].request != grown and upstream.tap.sent[-1].completed
+    assert len(upstream.requests) == len(sent) + 1  # complete requests only
+    assert status(small)["held"] == {"sent": 0, "sent_early": 0, "dropped": 1}
