@@ -520,7 +520,7 @@ class H1Client:
     async def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
                    length: int) -> Held | None:
         """Start a request whose body of ``length`` bytes arrives later: the head goes out
-        now (on a kept-alive connection, or a new one), the body as :meth:`Held.feed`
+        now on a kept-alive connection, the body as :meth:`Held.feed`
         gets it, all of it but its last byte: :meth:`Held.commit` sends that byte (and
         waits for the answer as :meth:`send` does), :meth:`Held.abort` drops the
         connection.
@@ -528,14 +528,16 @@ class H1Client:
         Until the last byte arrives the upstream cannot act on the request (its length
         is announced), so a request held then aborted never reached it; meanwhile the
         body crosses the network while it is still arriving and while the caller works
-        out whether it is the body to send. ``None`` when the body is shorter than two
-        bytes."""
+        out whether it is the body to send. ``None`` when no idle connection is at hand
+        (no connection is opened for it: a slow or failing connect would delay the
+        body's receipt, then ``send`` would wait for it again) or the body is shorter
+        than two bytes."""
         if length < 2:
             return None
         origin, target = self.origin(url)
         conn = self._take(origin)
         if conn is None:
-            conn = await self._connect(origin)
+            return None
         head = self._head(method, origin, target, headers, length)
         ready = conn.start((head,), no_body=method == "HEAD")
         return Held(self, origin, conn, ready, (method, url, headers), length)

@@ -497,18 +497,20 @@ def test_hold_sends_all_but_the_last_byte(run: Run, commit: bool) -> None:
     run(main())
 
 
-def test_hold_needs_two_bytes_and_connects_when_nothing_is_idle(run: Run) -> None:
+def test_hold_needs_an_idle_connection_and_two_bytes(run: Run) -> None:
     async def main() -> None:
         async with Upstream(answering()) as up:
             client = up.client()
+            assert await client.hold("POST", up.url(), [], 2) is None  # nothing idle
+            assert up.accepted == 0  # and no connection was opened for it
+            assert await get(client, up.url()) == b"ok"
             assert await client.hold("POST", up.url(), [], 1) is None
-            assert up.accepted == 0  # no connection was opened for it
-            held = await client.hold("POST", up.url("/held"), [], 2)  # nothing idle
+            held = await client.hold("POST", up.url("/held"), [], 2)  # the idle one
             assert held is not None
             held.feed(b"{")
             held.feed(b"}")
             assert await (await held.commit(b"{}")).read() == b"ok"
-            assert up.accepted == 1 and up.requests[0][1] == b"{}"
+            assert up.accepted == 1 and up.requests[1][1] == b"{}"
 
     run(main())
 
