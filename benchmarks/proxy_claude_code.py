@@ -10,14 +10,20 @@ newest message (its marker is gone) and appends one turn. No compaction happens 
 above the size): Claude Code behind the proxy sees the compacted usage and never compacts
 itself, so this is the steady per-request cost as its history grows.
 
-Per step the same body goes directly to the simulator, through agentcompact's proxy and
+Per step the same body goes directly to the upstream, through agentcompact's proxy and
 through CliffCompaction's (order rotated; each server in its own process, uvicorn with
 httptools/uvloop for all); "added" is the proxied time minus the direct time of the same
-step. ``work`` is agentcompact's own per-request work measured in process without HTTP
-(parse what is new, measure, decide), the part that must stay O(new bytes).
+step. The upstream is a sink by default (it reads the body and answers at once: the
+simulator's own token count of a 12 MB body, ~300 ms +-20, would drown what a proxy adds);
+``--link-mbps`` makes it read at a network link's speed, as a provider across a network
+does, where a proxy that sends a body on only once it is all in pays the whole transfer
+again (``--buffered`` shows that proxy side by side). ``work`` is agentcompact's own
+per-request work measured in process without HTTP (parse what is new, measure, decide),
+the part that must stay O(new bytes).
 
     TIKTOKEN_CACHE_DIR=... python benchmarks/proxy_claude_code.py [--sizes 200000,1000000,3000000]
-        [--steps 20] [--warmup 3] [--no-cliff]
+        [--steps 20] [--warmup 3] [--no-cliff] [--buffered] [--link-mbps 1000]
+        [--upstream sink|sim]
 """
 
 from __future__ import annotations
@@ -104,13 +110,13 @@ def _p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-def measure(size: int, steps: int, warmup: int, cliff: bool) -> dict[str, float]:
+def measure(size: int, steps: int, warmup: int, names: list[str], upstream_role: str
+            ) -> dict[str, float]:
     full = history(size + 200_000)
     points = [p for p in call_points(full) if len(orjson.dumps(full[:p])) >= size * 4]
     points = points[:warmup + steps]
     trigger = size * 4
-    upstream = proxy_latency.Role("sim")
-    names = ["ours", "cliff"] if cliff else ["ours"]
+    upstream = proxy_latency.Role(upstream_role)
     servers = {n: proxy_latency.Role(n, upstream.base_url, trigger) for n in names}
     urls = {"direct": upstream.base_url, **{k: s.base_url for k, s in servers.items()}}
     clients = {k: httpx.Client(base_url=u, timeout=300) for k, u in urls.items()}
@@ -163,19 +169,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-cliff", dest="cliff", action="store_false")
+    parser.add_argument("--buffered", action="store_true",
+                        help="also a proxy that sends a body on only once it is all in "
+                             "(ours:buffered), side by side with ours (sent as it arrives)")
+    parser.add_argument("--upstream", choices=("sink", "sim"), default="sink",
+                        help="sink: reads the body and answers at once (default); sim: the "
+                             "upstream simulator, which also counts the body's tokens")
+    parser.add_argument("--link-mbps", type=float, default=0.0,
+                        help="the sink reads no faster than this many Mbit/s (a provider "
+                             "across a network; default 0: loopback speed)")
     args = parser.parse_args(argv)
     proxy_latency.Role.http, proxy_latency.Role.loop = proxy_latency.SERVERS["fast"]
-    print(f"{'tokens':>9} | {'direct':>8} | {'ours+ p50':>9} {'p99':>8} | {'cliff+ p50':>10} "
-          f"{'p99':>8} | {'work p50':>8} {'p99':>7} | reuse (partial/miss)")
+    names = ["ours", *(["ours:buffered"] if args.buffered else []),
+             *(["cliff"] if args.cliff else [])]
+    print(f"{'tokens':>9} | {'direct':>8} | "
+          + " | ".join(f"{n + '+ p50':>14} {'p99':>7}" for n in names)
+          + f" | {'work p50':>8} {'p99':>7} | reuse (partial/miss)")
     for size in (int(s) for s in args.sizes.split(",")):
-        r = measure(size, args.steps, args.warmup, args.cliff)
-        cliff = (f"{r['cliff_p50']:10.2f} {r['cliff_p99']:8.2f}" if args.cliff
-                 else f"{'-':>10} {'-':>8}")
-        print(f"{size:>9,} | {r['direct_p50']:8.2f} | {r['ours_p50']:9.2f} {r['ours_p99']:8.2f} "
-              f"| {cliff} | {r['work_p50']:8.2f} {r['work_p99']:7.2f} | "
-              f"{int(r['partial_hits'])}/{int(r['misses'])}", flush=True)
-    print("ms to the first streamed byte; ours+/cliff+ = added vs direct on the same step; "
-          "work = agentcompact's per-request work in process (target p50 <= 10 ms at 3M)")
+        upstream = (f"sink:{args.link_mbps:g}" if args.upstream == "sink" and args.link_mbps
+                    else args.upstream)
+        r = measure(size, args.steps, args.warmup, names, upstream)
+        cells = " | ".join(f"{r[f'{n}_p50']:14.2f} {r[f'{n}_p99']:7.2f}" for n in names)
+        print(f"{size:>9,} | {r['direct_p50']:8.2f} | {cells} | {r['work_p50']:8.2f} "
+              f"{r['work_p99']:7.2f} | {int(r['partial_hits'])}/{int(r['misses'])}",
+              flush=True)
+    link = f", {args.link_mbps:g} Mbit/s" if args.link_mbps else ""
+    print(f"ms to the first streamed byte ({args.upstream} upstream{link}); name+ = added vs "
+          "direct on the same step (ours:buffered: agentcompact sending a body on only once it is "
+          "all in); work = agentcompact's per-request work in process "
+          "(target: added p50 <= 10 ms at 3M)")
     return 0
 
 

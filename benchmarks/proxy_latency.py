@@ -33,6 +33,7 @@ print, tests assert).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import socket
 import statistics
@@ -97,19 +98,76 @@ def timed_first_byte(client: httpx.Client, content: bytes) -> float:
 
 
 def app_for(role: str, upstream: str, trigger: int) -> Any:
-    """The ASGI app of one server role: the upstream simulator or either proxy."""
+    """The ASGI app of one server role: the upstream simulator, a sink (``sink:MBPS``:
+    reading at that link speed), or either proxy (``ours:buffered``: ours sending a body
+    on only once it is all in, instead of while it arrives)."""
     if role == "sim":
         return UpstreamSim(max_recorded=0).app  # bodies of megabytes: keep none
+    if role.startswith("sink"):
+        return sink(float(role.partition(":")[2] or 0))
     if role == "relay":
         return bare_relay(upstream)
-    if role == "ours":
-        return create_app(ProxyConfig(trigger=trigger, anthropic_upstream=upstream,
-                                      openai_upstream=upstream, log_requests=False))
+    if role.startswith("ours"):
+        app = create_app(ProxyConfig(trigger=trigger, anthropic_upstream=upstream,
+                                     openai_upstream=upstream, log_requests=False))
+        if role == "ours:buffered":
+            app.proxy.hold_bytes = None
+        return app
     from cliffcompaction.config import Config
     from cliffcompaction.proxy import create_app as cliff_app
 
     return cliff_app(Config(threshold_tokens=trigger, anthropic_upstream=upstream,
                             openai_upstream=upstream))
+
+
+#: a short Anthropic stream: what ``sink`` answers every request with
+SINK_EVENTS = b"".join(
+    b"event: %s\ndata: %s\n\n" % (name.encode(), orjson.dumps(data)) for name, data in (
+        ("message_start", {"type": "message_start", "message": {
+            "id": "msg_sink", "type": "message", "role": "assistant", "model": MODEL,
+            "content": [], "stop_reason": None,
+            "usage": {"input_tokens": 1, "output_tokens": 1}}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "text_delta", "text": "ok"}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                           "usage": {"output_tokens": 1}}),
+        ("message_stop", {"type": "message_stop"})))
+
+
+def sink(mbps: float = 0.0) -> Any:
+    """An upstream that reads the whole body and answers at once, without parsing or
+    counting it: what is left of a direct call is the body's trip, so what a proxy adds
+    is not lost in the noise of an upstream's own work on a 12 MB body (the simulator
+    counts every token: ~300 ms, +-20 ms, at 3M tokens). With ``mbps``, it reads no faster
+    than a link of that many Mbit/s (a provider across a network: the proxy is on the
+    client's machine, the provider is not), pacing its reads (TCP backpressure does the
+    rest)."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        start, got = time.perf_counter(), 0
+        while True:
+            message = await receive()
+            got += len(message.get("body", b""))
+            if mbps:
+                ahead = got * 8 / (mbps * 1e6) - (time.perf_counter() - start)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"),
+                                (b"content-length", str(len(SINK_EVENTS)).encode())]})
+        await send({"type": "http.response.body", "body": SINK_EVENTS})
+
+    return app
 
 
 def bare_relay(upstream: str) -> Any:

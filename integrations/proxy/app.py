@@ -7,15 +7,18 @@ request's messages with an engine of that dialect, then forwards; every other re
 passes through untouched. Only request bodies are rewritten: responses (SSE included) are
 relayed as they arrive.
 
-Per request: parse → probe? → session key → the session's engine compacts (off the event
-loop when the body is large) → encode only if modified (else the original bytes) → send
-→ on a context-length error, compact harder and replay once → relay and, with ``--record``,
-log the model call with the reassembled response. Any failure before sending forwards the
-original bytes (fail-open).
+Per request, in steps: receive the body (a large one that may stay under the trigger is
+sent on upstream as it arrives, held by its last byte: ``_hold``) → prepare (parse, probe?,
+session key, the session's engine compacts — off the event loop when the body is large —,
+encode only if modified, else the original bytes) → send (or complete the held request;
+on a context-length error, compact harder and replay once) → relay the answer → record
+(the log line; with ``--record``, the model call with the reassembled response). Any
+failure before sending forwards the original bytes (fail-open).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -24,7 +27,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sized
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -49,12 +52,17 @@ from agentcompact.tokens import MessageMeter, make_counter
 
 from .bodies import BodyCache, Parsed, encode
 from .config import ProxyConfig
-from .h1 import Held
 from .observe import DebugDumper, ExchangeLog, ProxyStats
 from .reassemble import reassemble
 from .relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
 from .speculation import Speculation
-from .upstream import UpstreamClient, UpstreamDropped, UpstreamError, UpstreamResponse
+from .upstream import (
+    HeldRequest,
+    UpstreamClient,
+    UpstreamDropped,
+    UpstreamError,
+    UpstreamResponse,
+)
 from .wire import (
     ANTHROPIC,
     CHAT,
@@ -78,6 +86,9 @@ log = logging.getLogger("agentcompact.proxy")
 _OFFLOOP_BYTES = 128 * 1024
 #: per-session message cache of the token meter (bounds memory held per engine)
 _METER_ENTRIES = 8192
+#: a dialect request whose declared body is at least this large is started upstream while
+#: its body arrives (``_hold``): below it the body's trip to the upstream is negligible
+_HOLD_BYTES = 64 * 1024
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _STATUS_PATH = "/agentcompact/status"
 
@@ -97,12 +108,6 @@ class _Plan:
     result: CompactionResult | None = None
     sent_messages: list[Any] | None = None
     refusal: BufferedResponse | None = None
-    chunks: list[bytes] = field(default_factory=list)
-    #: the original body on its way upstream but for its last byte (see ``_speculate``)
-    held: Held | None = None
-    #: the body it extends went upstream unchanged: its tokens, the prefix store's
-    #: version then, and its fixed tokens (see ``_speculate``)
-    known: tuple[int, int | None, int] | None = None
 
 
 class EnginePool:
@@ -148,6 +153,13 @@ class EnginePool:
         guess, not a bound (images count more): it only decides where work is done."""
         return tokens + new_bytes // 2 <= self.budget.trigger
 
+    def may_stay_under(self, body_bytes: int) -> bool:
+        """The guess, before a body is read, that a body of ``body_bytes`` bytes stays
+        within the trigger: a token is about four bytes of JSON, three on the safe side.
+        A guess only (it decides whether a body starts upstream before the engine
+        decides: a wrong one costs a request dropped unfinished, never a wrong body)."""
+        return body_bytes // 3 <= self.budget.trigger
+
     def _new(self, dialect: str, session: str) -> Engine:
         strategy = StrategySettings(self.config.strategy, options=self.config.strategy_options)
         engine = Engine(strategy=strategy, dialect=self.dialects[dialect],
@@ -180,8 +192,11 @@ class CompactionProxy:
         self.dumper = DebugDumper(config.debug_dir) if config.debug_dir else None
         self.recorder = _register_recorder(self.pm, config.record) if config.record else None
         self.client = UpstreamClient(config.connect_timeout, config.read_timeout)
-        #: bodies that went upstream unchanged, with their tokens: a request extending one
-        #: of them is likely to go unchanged too (see ``_speculate``)
+        #: a dialect request declaring a body this large or larger is started upstream
+        #: while its body arrives (``None``: never; see ``_hold``)
+        self.hold_bytes: int | None = _HOLD_BYTES
+        #: bodies that went upstream unchanged, with their tokens: a held request extending
+        #: one of them may be completed before it is measured (``_release_if_bounded``)
         self._unchanged: weakref.WeakKeyDictionary[Parsed, tuple[int, int | None, int]] = (
             weakref.WeakKeyDictionary())
         self._speculation = Speculation()
@@ -217,12 +232,17 @@ class CompactionProxy:
         if request.method == "OPTIONS" and path in ("*", ""):
             # ``OPTIONS *`` asks the server itself (RFC 9110 §9.3.7): no upstream URL has it
             return BufferedResponse(204, [(b"allow", ", ".join(_METHODS).encode())], b"")
-        raw = await request.body()
         dialect = dialect_for(path) if request.method == "POST" else None
         if dialect is None:
-            return await self._passthrough(request, raw)
-        plan = await self._prepare(request, dialect, raw)
-        held = plan.held
+            return await self._passthrough(request, await request.body())
+        held = await self._hold(request)
+        try:
+            raw = await _receive(request, held)
+        except BaseException:
+            if held is not None:
+                held.abort()  # the client left (or failed) before its body was in
+            raise
+        plan = await self._prepare(request, dialect, raw, held)
         try:
             if held is not None and (plan.out is not raw or plan.refusal is not None):
                 held.abort()  # the body changed: the held one never reaches the upstream
@@ -244,7 +264,23 @@ class CompactionProxy:
         return self._done(plan, resp, t0)
 
     # --- preparing the request ------------------------------------------------------
-    async def _prepare(self, request: Request, dialect: str, raw: bytes) -> _Plan:
+    async def _hold(self, request: Request) -> HeldRequest | None:
+        """Start the request upstream before its body is in, when the body is large
+        enough for its trip to the upstream to matter and its declared length cannot
+        plausibly reach the trigger: the body then crosses to the upstream as it arrives,
+        held by its last byte until the engine has decided (``handle``). A request missing
+        its last byte is one the upstream never acts on: a body the engine changes after
+        all is dropped unfinished and the new one sent. The guess only decides what is
+        faster; what is processed is always what the engine decided."""
+        length, least = _declared_length(request), self.hold_bytes
+        if (length is None or least is None or length < least
+                or not self.engines.may_stay_under(length)):
+            return None
+        return await self.client.hold(request.method, self._upstream_url(request),
+                                      request_headers(request.headers.raw), length)
+
+    async def _prepare(self, request: Request, dialect: str, raw: bytes,
+                       held: HeldRequest | None = None) -> _Plan:
         plan = _Plan(dialect, raw, raw, ExchangeLog(request.scope["path"], dialect,
                                                     shadow=self.config.shadow))
         headers = request.headers
@@ -255,9 +291,9 @@ class CompactionProxy:
                     plan.result = await plan.engine.acompact(plan.messages,
                                                               fixed_tokens=_fixed(plan))
                     self._apply(plan)
-            elif not self._prepare_sync(plan, headers, _OFFLOOP_BYTES, request):
+            elif not self._prepare_sync(plan, headers, _OFFLOOP_BYTES, held, on_loop=True):
                 # more to parse, or a compaction likely: off the event loop
-                await anyio.to_thread.run_sync(self._prepare_sync, plan, headers, None)
+                await anyio.to_thread.run_sync(self._prepare_sync, plan, headers, None, held)
         except Exception as exc:  # fail-open: the original bytes go upstream
             # no traceback: a chained exception could carry the history it was raised over
             log.warning("compaction failed (%s); forwarding the original request (session %s)",
@@ -270,22 +306,21 @@ class CompactionProxy:
         return plan
 
     def _prepare_sync(self, plan: _Plan, headers: Any, limit: int | None,
-                      request: Request | None = None) -> bool:
+                      held: HeldRequest | None = None, *, on_loop: bool = False) -> bool:
         """Parse and compact. With ``limit`` (on the event loop), stop before a step that
         would parse more than ``limit`` bytes or may compact, and return ``False``; the
-        caller finishes in a worker thread (a call without ``limit``). With ``request``,
-        the body may start on its way upstream meanwhile (``_speculate``)."""
+        caller finishes in a worker thread (a call without ``limit``). ``held``: the
+        original body on its way upstream but for its last byte (``_hold``); ``on_loop``,
+        it may be completed before measuring (``_release_if_bounded``)."""
         new_bytes = len(plan.raw)
         if plan.parsed is None:
             key = self.engines.dialects[plan.dialect].messages_key
             match, new_bytes = self.bodies.lookup(plan.raw, key)
             if limit is not None and new_bytes > limit:
                 return False
-            if request is not None and match is not None:
-                self._speculate(plan, request, match[0], new_bytes)
             self._parse(plan, headers, match)
-            if plan.held is not None:
-                self._release_if_bounded(plan)
+            if held is not None and on_loop and match is not None:
+                self._release_if_bounded(plan, held, self._unchanged.get(match[0]))
         engine = plan.engine
         if engine is not None and plan.messages is not None and plan.result is None:
             if (limit is not None and len(plan.raw) > limit
@@ -296,7 +331,7 @@ class CompactionProxy:
             plan.result = engine.compact(plan.messages, fixed_tokens=fixed)
             self.engines.sent_tokens[engine] = plan.result.tokens_after
             self._apply(plan)
-            if plan.held is not None and plan.held.released and plan.out is not plan.raw:
+            if held is not None and held.released and plan.out is not plan.raw:
                 # cannot happen while Speculation.leaves_unchanged holds; the body is upstream
                 log.error("a body sent before the engine finished was changed by it; "
                           "the original went upstream (session %s)", plan.ex.session)
@@ -307,30 +342,17 @@ class CompactionProxy:
                 self._unchanged[plan.parsed] = (plan.result.tokens_original, version, fixed)
         return True
 
-    def _speculate(self, plan: _Plan, request: Request, prev: Parsed, new_bytes: int) -> None:
-        """Start the original body upstream, held back by its last byte, before parsing
-        and measuring it, when it extends a body that went unchanged and the new bytes
-        cannot plausibly reach the trigger. The upstream receives the body while the
-        engine works; the last byte follows as soon as the engine is certain to leave the
-        body as it is (``_release_if_bounded``), else after it, or, when the body did
-        change after all, ``handle`` drops the connection and sends the new body: a
-        request missing its last byte is one the upstream never acts on. The guess only
-        decides what is faster; what is processed is always what the engine decided."""
-        known = self._unchanged.get(prev)
-        if known is None or not self.engines.stays_under(known[0], new_bytes):
-            return
-        plan.held = self.client.hold(request.method, self._upstream_url(request),
-                                     request_headers(request.headers.raw), plan.raw)
-        plan.known = known
-
-    def _release_if_bounded(self, plan: _Plan) -> None:
+    def _release_if_bounded(self, plan: _Plan, held: HeldRequest,
+                            known: tuple[int, int | None, int] | None) -> None:
         """Complete the held request before measuring when the engine is certain to leave
         the body unchanged: the messages it shares with the earlier body count what they
         counted then, the new ones at most their UTF-8 bytes (plus overheads), and no
         prefix was stored since (``Speculation.leaves_unchanged``). The upstream then works on
-        the request while the engine tokenizes the new messages for its exact figures."""
-        engine, held, known, parsed = plan.engine, plan.held, plan.known, plan.parsed
-        if engine is None or held is None or plan.messages is None or known is None:
+        the request while the engine tokenizes the new messages for its exact figures.
+        ``known``: the earlier body went upstream unchanged: its tokens, the prefix
+        store's version then, and its fixed tokens."""
+        engine, parsed = plan.engine, plan.parsed
+        if engine is None or plan.messages is None or known is None:
             return
         tokens, version, fixed = known
         if parsed is not None and parsed.reused:  # the earlier body's messages, as counted
@@ -452,11 +474,11 @@ class CompactionProxy:
         return f"{base}{path}?{query}" if query else f"{base}{path}"
 
     async def _send(self, request: Request, content: bytes, dialect: str | None,
-                    held: Held | None = None) -> UpstreamResponse | BufferedResponse:
+                    held: HeldRequest | None = None) -> UpstreamResponse | BufferedResponse:
         """Send upstream (or send the held request's last byte) and wait for the response
         headers, watching the client meanwhile: a client that leaves first cancels the
         upstream request (status 499)."""
-        send = (held.commit() if held is not None else
+        send = (held.commit(content) if held is not None else
                 self.client.send(request.method, self._upstream_url(request),
                                  request_headers(request.headers.raw), content))
         try:
@@ -538,18 +560,24 @@ class CompactionProxy:
             ex.emit()
         if isinstance(resp, BufferedResponse):
             return resp
-        recording = self.config.record is not None and resp.status_code < 300
-        self.stats.stream_opened(1)
-        return RelayResponse(resp, tee=plan.chunks.append if recording else None,
-                             on_close=lambda ok: self._closed(plan, resp, ok, recording))
+        return self._relay(plan, resp)
 
-    def _closed(self, plan: _Plan, resp: UpstreamResponse, complete: bool, recording: bool
-                ) -> None:
+    def _relay(self, plan: _Plan, resp: UpstreamResponse) -> RelayResponse:
+        """Relay the answer; with ``--record``, keep a copy of it to log the model call
+        at its end (``_record``)."""
+        kept: list[bytes] | None = (
+            [] if self.config.record is not None and resp.status_code < 300 else None)
+        self.stats.stream_opened(1)
+        return RelayResponse(resp, tee=kept.append if kept is not None else None,
+                             on_close=lambda ok: self._record(plan, resp, ok, kept))
+
+    def _record(self, plan: _Plan, resp: UpstreamResponse, complete: bool,
+                kept: list[bytes] | None) -> None:
         self.stats.stream_opened(-1)
-        if not (recording and complete and plan.body is not None):
+        if kept is None or not complete or plan.body is None:
             return
         streamed = "text/event-stream" in resp.headers.get("content-type", "")
-        got = reassemble(plan.dialect, b"".join(plan.chunks), streamed=streamed)
+        got = reassemble(plan.dialect, b"".join(kept), streamed=streamed)
         dialect = self.engines.dialects[plan.dialect]
         request = {k: v for k, v in plan.body.items() if k != dialect.messages_key}
         model = got.model or plan.body.get("model")
@@ -559,6 +587,26 @@ class CompactionProxy:
             usage=got.usage, model=model if isinstance(model, str) else None,
             compacted=plan.ex.modified and not self.config.shadow,
         ), self.pm)
+
+
+async def _receive(request: Request, held: HeldRequest | None) -> bytes:
+    """The request's body, fed on to ``held`` as it arrives (the next chunk may be in
+    already: the loop runs in between, so the upstream request progresses with it)."""
+    chunks: list[bytes] = []
+    async for chunk in request.stream():
+        if chunk:
+            chunks.append(chunk)
+            if held is not None:
+                held.feed(chunk)
+                await asyncio.sleep(0)  # the upstream request's task sends it on meanwhile
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _declared_length(request: Request) -> int | None:
+    value = request.headers.get("content-length")
+    if value is None or not value.isdigit():
+        return None
+    return int(value)
 
 
 def _register_recorder(pm: pluggy.PluginManager, run_dir: str) -> Any:

@@ -36,7 +36,8 @@ import httptools
 
 from ...errors import UpstreamDropped, UpstreamError
 
-__all__ = ["H1Client", "H1Response", "Held", "Origin", "UpstreamDropped", "UpstreamError"]
+__all__ = ["H1Client", "H1Response", "Held", "Origin", "UpstreamDropped", "UpstreamError",
+           "hold_back"]
 
 #: unread answer bytes above which the connection stops reading (until the relay drains)
 _HIGH_WATER = 1 << 20
@@ -251,44 +252,72 @@ class _Stale(Exception):
     it while idle)."""
 
 
-class Held:
-    """A request sent but for its body's last byte (:meth:`H1Client.hold`)."""
+def hold_back(chunk: bytes, fed: int, length: int) -> tuple[bytes, bytes]:
+    """``chunk``, the bytes of a ``length``-byte body from offset ``fed`` on, split into
+    what may be sent on now and the body's last byte when ``chunk`` ends the body (else
+    ``b""``): the last byte is held back."""
+    now = length - 1 - fed
+    if now >= len(chunk):
+        return chunk, b""
+    last = chunk[-1:] if fed + len(chunk) == length else b""
+    return (chunk[:now] if now > 0 else b""), last
 
-    __slots__ = ("_client", "_conn", "_origin", "_ready", "_request", "done", "released")
+
+class Held:
+    """A request whose body is sent as it arrives but for its last byte
+    (:meth:`H1Client.hold`)."""
+
+    __slots__ = ("_client", "_conn", "_fed", "_last", "_length", "_origin", "_ready",
+                 "_request", "done", "released")
 
     def __init__(self, client: H1Client, origin: Origin, conn: _Connection,
                  ready: asyncio.Future[None],
-                 request: tuple[str, str, Sequence[tuple[bytes, bytes]], bytes]) -> None:
+                 request: tuple[str, str, Sequence[tuple[bytes, bytes]]], length: int) -> None:
         self._client, self._origin, self._conn = client, origin, conn
-        self._ready, self._request = ready, request
+        self._ready, self._request, self._length = ready, request, length
+        self._fed = 0
+        self._last = b""
         self.done = False
         self.released = False
 
+    def feed(self, chunk: bytes) -> None:
+        """Send the next body bytes on, all but the body's last one (kept for
+        :meth:`release`)."""
+        now, last = hold_back(chunk, self._fed, self._length)
+        self._fed += len(chunk)
+        self._last = last or self._last
+        conn = self._conn
+        if now and not (self.done or conn.closed or conn.transport is None):
+            conn.transport.write(now)
+
     def release(self) -> bool:
         """Send the last byte now (the request is complete upstream); ``False`` when the
-        connection had closed meanwhile (then :meth:`commit` sends the request anew)."""
+        connection had closed meanwhile or the body is not all in (then :meth:`commit`
+        sends the request anew)."""
         if self.done or self.released:
             return self.released
         conn = self._conn
-        if conn.closed or conn.transport is None:
+        if conn.closed or conn.transport is None or not self._last:
             return False
-        conn.transport.write(self._request[3][-1:])
+        conn.transport.write(self._last)
         self.released = True
         return True
 
-    async def commit(self) -> H1Response:
-        """Send the last byte (unless :meth:`release` did); return once the answer's head
-        is in (errors as ``send``: :class:`UpstreamError` before the head). A connection
-        the upstream closed before that byte went out had carried no complete request:
-        the request is sent anew."""
+    async def commit(self, content: bytes) -> H1Response:
+        """Send the last byte (unless :meth:`release` did) of ``content``, the whole body
+        fed; return once the answer's head is in (errors as ``send``:
+        :class:`UpstreamError` before the head). A connection the upstream closed before
+        that byte went out had carried no complete request, nor one whose body was not
+        ``content``: the request is sent anew."""
         conn = self._conn
-        released = self.release()
+        complete = self._fed == self._length == len(content)
+        released = self.release() if complete else self.released
         self.done = True
-        if not released:  # closed before the last byte: no complete request went out
+        if not released:  # no complete request went out on this connection
             conn.abort()
             if self._ready.done() and not self._ready.cancelled():
                 self._ready.exception()  # retrieved: the closed connection's is not logged
-            return await self._client.send(*self._request)
+            return await self._client.send(*self._request, content)
         try:
             return await self._client._answer(self._origin, conn, self._ready)
         except _Stale:
@@ -437,12 +466,12 @@ class H1Client:
 
     @staticmethod
     def _head(method: str, origin: Origin, target: bytes,
-              headers: Sequence[tuple[bytes, bytes]], content: bytes) -> bytes:
+              headers: Sequence[tuple[bytes, bytes]], length: int) -> bytes:
         lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method.encode("ascii"), target,
                                                       origin.host_header)]
         lines += [b"%s: %s\r\n" % (k, v) for k, v in headers]
-        if content or method not in ("GET", "HEAD", "OPTIONS", "DELETE", "TRACE"):
-            lines.append(b"content-length: %d\r\n" % len(content))
+        if length or method not in ("GET", "HEAD", "OPTIONS", "DELETE", "TRACE"):
+            lines.append(b"content-length: %d\r\n" % length)
         lines.append(b"\r\n")
         return b"".join(lines)
 
@@ -452,7 +481,7 @@ class H1Client:
         given, plus ``Host`` and ``Content-Length`` (the caller drops hop-by-hop ones and
         any ``Host``/``Content-Length`` of its own)."""
         origin, target = self.origin(url)
-        head = self._head(method, origin, target, headers, content)
+        head = self._head(method, origin, target, headers, len(content))
         parts = (head, content) if content else (head,)
         retry = method in _IDEMPOTENT
         while True:
@@ -488,25 +517,30 @@ class H1Client:
             timer.cancel()
         return H1Response(self, origin, conn)
 
-    def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
-             content: bytes) -> Held | None:
-        """Start sending a request on a kept-alive connection, all of it but the body's
-        last byte, and return at once: :meth:`Held.commit` sends that byte (and waits for
-        the answer as :meth:`send` does), :meth:`Held.abort` drops the connection.
+    async def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
+                   length: int) -> Held | None:
+        """Start a request whose body of ``length`` bytes arrives later: the head goes out
+        now on a kept-alive connection, the body as :meth:`Held.feed`
+        gets it, all of it but its last byte: :meth:`Held.commit` sends that byte (and
+        waits for the answer as :meth:`send` does), :meth:`Held.abort` drops the
+        connection.
 
         Until the last byte arrives the upstream cannot act on the request (its length
         is announced), so a request held then aborted never reached it; meanwhile the
-        body crosses the network while the caller works out whether it is the body to
-        send. ``None`` when no idle connection is at hand or the body is empty."""
-        if len(content) < 2:
+        body crosses the network while it is still arriving and while the caller works
+        out whether it is the body to send. ``None`` when no idle connection is at hand
+        (no connection is opened for it: a slow or failing connect would delay the
+        body's receipt, then ``send`` would wait for it again) or the body is shorter
+        than two bytes."""
+        if length < 2:
             return None
         origin, target = self.origin(url)
         conn = self._take(origin)
         if conn is None:
             return None
-        head = self._head(method, origin, target, headers, content)
-        ready = conn.start((head, memoryview(content)[:-1]), no_body=method == "HEAD")
-        return Held(self, origin, conn, ready, (method, url, headers, content))
+        head = self._head(method, origin, target, headers, length)
+        ready = conn.start((head,), no_body=method == "HEAD")
+        return Held(self, origin, conn, ready, (method, url, headers), length)
 
     async def aclose(self) -> None:
         """Close the idle connections (answers being relayed close theirs at their end)."""

@@ -1,33 +1,44 @@
-"""The proxy's HTTP client to the providers.
+"""The proxy's HTTP clients to the providers: one per job.
 
-Direct connections use :mod:`.h1`, a lean HTTP/1.1 client on ``httptools`` whose
-per-request cost is a third of ``aiohttp``'s and a sixth of ``httpx``'s in the proxy's
-process: the hop to the upstream is most of the latency a proxy adds. An upstream
-reached through ``HTTP(S)_PROXY`` (``NO_PROXY`` honoured; read once, looked up once per
-host: aiohttp's own ``trust_env`` re-reads them, and ``~/.netrc``, in a worker thread on
-every request) goes through ``aiohttp``, which tunnels and authenticates. Either way the
-body goes out as the bytes given (no re-encoding, no copy), the answer comes back
-undecoded (no content decoding) as it arrives, and there is no cookie jar: cookies an
-upstream sets for one client never reach another.
+- **Direct upstreams** (the usual case): :mod:`.h1`, a lean HTTP/1.1 client on
+  ``httptools``. Kept by measurement: side by side with ``aiohttp`` in one run with Claude
+  Code-shaped requests (``benchmarks/proxy_claude_code.py --client h1,aiohttp`` at
+  49c02cb), a body streamed through to a provider across a 1 Gbit/s link got its first
+  answer byte 6.4 ms (1M tokens) and 14.4 ms (3M) sooner p50 through it (1.7 ms at 200k;
+  docs/proxy.md, "Latency"): it writes the body on as it arrives, where aiohttp's writer
+  waits for each chunk to drain.
+- **Upstreams behind ``HTTP(S)_PROXY``** (``NO_PROXY`` honoured; read once, looked up
+  once per host: aiohttp's own ``trust_env`` re-reads them, and ``~/.netrc``, in a worker
+  thread on every request): ``aiohttp``, which does what :mod:`.h1` does not, CONNECT
+  tunnelling and proxy authentication.
+
+Either way the body goes out as the bytes given (no re-encoding, no copy), or as it
+arrives from the client (a held request), the answer comes back undecoded (no content
+decoding) as it arrives, and there is no cookie jar: cookies an upstream sets for one
+client never reach another.
 """
 
 from __future__ import annotations
 
 import asyncio
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from .h1 import H1Client, H1Response, Held, UpstreamDropped, UpstreamError, ssl_context
+from . import h1
+from .h1 import H1Client, H1Response, UpstreamDropped, UpstreamError, ssl_context
 
-__all__ = ["UpstreamClient", "UpstreamDropped", "UpstreamError", "UpstreamResponse"]
+__all__ = ["HeldRequest", "ProxiedHeld", "ProxiedResponse", "UpstreamClient",
+           "UpstreamDropped", "UpstreamError", "UpstreamResponse"]
 
 #: headers aiohttp would otherwise add on its own: the client's own (or none) go upstream
 _SKIP_AUTO = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
+_NO_BODY = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
+_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError)
 
 
 class ProxiedResponse:
@@ -67,40 +78,152 @@ class ProxiedResponse:
             self._r.close()
 
 
+class ProxiedHeld:
+    """:class:`.h1.Held` through ``aiohttp``: a request whose body is sent as it arrives,
+    all of it but its last byte until :meth:`release`. The request runs in a task of its
+    own; its body is what :meth:`feed` gets."""
+
+    def __init__(self, client: UpstreamClient, method: str, target: URL, proxy: str | None,
+                 headers: Sequence[tuple[bytes, bytes]], length: int) -> None:
+        self._client, self._length = client, length
+        self._request = (method, target, proxy, headers)
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._fed = 0
+        self._last = b""
+        self.done = False
+        self.released = False
+        sized = [*headers, (b"content-length", str(length).encode())]
+        self._task = asyncio.get_running_loop().create_task(
+            client._request(method, target, proxy, sized, self._body()))
+        self._task.add_done_callback(_retrieved)
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        while (chunk := await self._queue.get()) is not None:
+            yield chunk
+
+    def feed(self, chunk: bytes) -> None:
+        """Send the next body bytes on, all but the body's last one (kept for
+        :meth:`release`)."""
+        now, last = h1.hold_back(chunk, self._fed, self._length)
+        self._fed += len(chunk)
+        self._last = last or self._last
+        if now:
+            self._queue.put_nowait(now)
+
+    def release(self) -> bool:
+        """Send the last byte now (the request is complete upstream); ``False`` when the
+        body is not all in or the request already ended (then :meth:`commit` sends it
+        anew)."""
+        if self.done or self.released:
+            return self.released
+        if not self._last or self._task.done():
+            return False
+        self._queue.put_nowait(self._last)
+        self._queue.put_nowait(None)
+        self.released = True
+        return True
+
+    async def commit(self, content: bytes) -> ProxiedResponse:
+        """Send the last byte (unless :meth:`release` did) of ``content``, the whole body
+        fed; return once the answer's headers are in (errors as ``send``). A request that
+        ended before that byte went out, or whose body was not ``content``, was never
+        complete upstream: it is dropped and the request sent anew."""
+        complete = self._fed == self._length == len(content)
+        released = self.release() if complete else self.released
+        self.done = True
+        if not released:
+            self._cancel()
+            method, target, proxy, headers = self._request
+            return await self._client._send(method, target, proxy, headers, content)
+        return await self._task
+
+    def abort(self) -> None:
+        """Drop the request: the upstream sees an incomplete one on a closed connection."""
+        if not self.done:
+            self.done = True
+            self._cancel()
+
+    def _cancel(self) -> None:
+        task = self._task
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled() and task.exception() is None:
+            task.result().close(False)  # an early answer (an error): its connection goes
+
+
 #: an upstream answer whose headers have arrived
 UpstreamResponse = H1Response | ProxiedResponse
+#: a request sent but for its body's last byte
+HeldRequest = h1.Held | ProxiedHeld
+
+
+def _retrieved(task: asyncio.Task[ProxiedResponse]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a dropped request's failure is not logged
 
 
 class UpstreamClient:
     """A keep-alive connection pool to the upstreams, created in the serving event loop."""
 
-    def __init__(self, connect_timeout: float, read_timeout: float,
-                 max_keepalive: int = 128) -> None:
+    def __init__(self, connect_timeout: float, read_timeout: float) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self.max_keepalive = max_keepalive
         self._session: aiohttp.ClientSession | None = None
         self._direct = H1Client(connect_timeout, read_timeout)
         self._env_proxies = urllib.request.getproxies()
         self._proxy_for: dict[tuple[str, str], str | None] = {}
 
-    def _via_proxy(self, url: str) -> tuple[URL, str] | None:
-        """``url`` and the proxy from the environment to reach it through, or ``None`` to
-        connect directly."""
-        if not self._env_proxies:
-            return None
+    def route(self, url: str) -> tuple[URL, str | None]:
+        """``url`` as aiohttp takes it (the path and query as the client wrote them) and
+        the proxy from the environment to reach it through (``None``: connect directly).
+        Raises :class:`UpstreamError` for what is not an http(s) URL."""
         try:
-            target = URL(url, encoded=True)  # the path and query as the client wrote them
-        except ValueError:
-            return None  # not a URL: the direct send reports it (502), never a 500 here
-        key = (target.scheme, target.host or "")
+            target = URL(url, encoded=True)
+        except ValueError as exc:
+            raise UpstreamError(f"not an http(s) URL: {type(exc).__name__}") from exc
+        if target.scheme not in ("http", "https") or not target.host:
+            raise UpstreamError(f"not an http(s) URL (scheme {target.scheme!r})")
+        if not self._env_proxies:
+            return target, None
+        key = (target.scheme, target.host)
         if key not in self._proxy_for:
             proxy = self._env_proxies.get(target.scheme)
-            if proxy and target.host and urllib.request.proxy_bypass(target.host):
+            if proxy and urllib.request.proxy_bypass(target.host):
                 proxy = None
             self._proxy_for[key] = proxy or None
-        proxy = self._proxy_for[key]
-        return None if proxy is None else (target, proxy)
+        return target, self._proxy_for[key]
+
+    async def send(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
+                   content: bytes) -> UpstreamResponse:
+        """Send a request; return once the response headers are in."""
+        target, proxy = self.route(url)
+        if proxy is not None:
+            return await self._send(method, target, proxy, headers, content)
+        try:
+            return await self._direct.send(method, url, headers, content)
+        except ValueError as exc:
+            raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
+                   length: int) -> HeldRequest | None:
+        """Start a request whose body of ``length`` bytes arrives later (:meth:`Held.feed`),
+        all of it but its last byte: :meth:`Held.commit` sends that byte and waits for the
+        answer as :meth:`send` does, :meth:`Held.abort` drops the connection.
+
+        Until the last byte arrives the upstream cannot act on the request (its length
+        is announced), so a request held then aborted never reached it; meanwhile the
+        body crosses the network while it still arrives and while the caller works out
+        whether it is the body to send. ``None`` for a body under two bytes, a bad URL or
+        an upstream that refuses the connection (``send`` reports them)."""
+        if length < 2:
+            return None
+        try:
+            target, proxy = self.route(url)
+            if proxy is not None:
+                return ProxiedHeld(self, method, target, proxy, headers, length)
+            return await self._direct.hold(method, url, headers, length)
+        except (UpstreamError, ValueError):
+            return None
 
     def _open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=15,
@@ -113,41 +236,27 @@ class UpstreamClient:
                                      cookie_jar=aiohttp.DummyCookieJar(),
                                      skip_auto_headers=_SKIP_AUTO)
 
-    async def send(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
-                   content: bytes) -> UpstreamResponse:
-        """Send a request; return once the response headers are in."""
-        via = self._via_proxy(url)
-        if via is not None:
-            return await self._send_proxied(method, *via, headers, content)
-        try:
-            return await self._direct.send(method, url, headers, content)
-        except ValueError as exc:
-            raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
+    async def _send(self, method: str, target: URL, proxy: str | None,
+                    headers: Sequence[tuple[bytes, bytes]], content: bytes
+                    ) -> ProxiedResponse:
+        with_body = bool(content) or method not in _NO_BODY
+        return await self._request(method, target, proxy, headers,
+                                   content if with_body else None)
 
-    def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
-             content: bytes) -> Held | None:
-        """:meth:`.h1.H1Client.hold` for a direct upstream (``None`` through a proxy)."""
-        if self._via_proxy(url) is not None:
-            return None
-        try:
-            return self._direct.hold(method, url, headers, content)
-        except ValueError:
-            return None  # ``send`` reports the bad URL
-
-    async def _send_proxied(self, method: str, target: URL, proxy: str,
-                            headers: Sequence[tuple[bytes, bytes]], content: bytes
-                            ) -> ProxiedResponse:
+    async def _request(self, method: str, target: URL, proxy: str | None,
+                       headers: Sequence[tuple[bytes, bytes]], data: Any
+                       ) -> ProxiedResponse:
         if self._session is None:
             self._session = self._open()
         hdrs: CIMultiDict[str] = CIMultiDict(
             (k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
         kwargs: dict[str, Any] = {"headers": hdrs, "allow_redirects": False,
                                   "compress": None, "chunked": None, "proxy": proxy}
-        if content or method not in ("GET", "HEAD", "OPTIONS", "DELETE"):
-            kwargs["data"] = content
+        if data is not None:
+            kwargs["data"] = data
         try:
             response = await self._session.request(method, target, **kwargs)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+        except _ERRORS as exc:
             raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
         return ProxiedResponse(response)
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import urllib.request
 from typing import Any
+
+import orjson
 
 __all__ = ["add_parser", "render", "run"]
 
@@ -59,37 +62,40 @@ def render(status: dict[str, Any]) -> Any:
     return Group(head, table)
 
 
-def _fetch(client: Any, url: str) -> dict[str, Any]:
-    response = client.get(f"{url.rstrip('/')}/agentcompact/status")
-    response.raise_for_status()
-    data: dict[str, Any] = response.json()
+def _fetch(opener: urllib.request.OpenerDirector, url: str) -> dict[str, Any]:
+    """The status page as JSON; ``OSError`` (``URLError``, ``HTTPError``) or
+    ``ValueError`` when there is none."""
+    with opener.open(f"{url.rstrip('/')}/agentcompact/status", timeout=5) as response:
+        data = orjson.loads(response.read())
+    if not isinstance(data, dict):
+        raise ValueError(f"status page is a JSON {type(data).__name__}, not an object")
     return data
 
 
 def run(args: argparse.Namespace) -> int:
     """Show the view until interrupted (or once); returns the exit status."""
-    import httpx
     from rich.console import Console
     from rich.live import Live
 
     console = Console()
-    with httpx.Client(timeout=5, trust_env=False) as client:
+    # no proxy from the environment: the status page is on loopback
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        status = _fetch(opener, args.url)
+    except (OSError, ValueError) as exc:
+        print(f"agentcompact watch: no proxy status at {args.url} ({type(exc).__name__})",
+              file=sys.stderr)
+        return 1
+    if args.once:
+        console.print(render(status))
+        return 0
+    with Live(render(status), console=console, refresh_per_second=4) as live:
         try:
-            status = _fetch(client, args.url)
-        except httpx.HTTPError as exc:
-            print(f"agentcompact watch: no proxy status at {args.url} ({type(exc).__name__})",
-                  file=sys.stderr)
-            return 1
-        if args.once:
-            console.print(render(status))
+            while True:
+                time.sleep(args.interval)
+                try:
+                    live.update(render(_fetch(opener, args.url)))
+                except (OSError, ValueError):
+                    continue  # the proxy restarting: keep the last view
+        except KeyboardInterrupt:
             return 0
-        with Live(render(status), console=console, refresh_per_second=4) as live:
-            try:
-                while True:
-                    time.sleep(args.interval)
-                    try:
-                        live.update(render(_fetch(client, args.url)))
-                    except httpx.HTTPError:
-                        continue  # the proxy restarting: keep the last view
-            except KeyboardInterrupt:
-                return 0

@@ -463,9 +463,9 @@ def test_backpressure_bounds_what_is_buffered(run: Run) -> None:
 
 @pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
 def test_hold_sends_all_but_the_last_byte(run: Run, commit: bool) -> None:
-    """Held on the idle connection, the server has all but the body's last byte and no
-    request; commit sends that byte and the answer comes; abort closes the connection:
-    the server sees an incomplete body, never a request."""
+    """Held on the idle connection and fed the body in pieces, the server has all but the
+    body's last byte and no request; commit sends that byte and the answer comes; abort
+    closes the connection: the server sees an incomplete body, never a request."""
     body = os.urandom(100_000)
     created = b"HTTP/1.1 201 Created\r\ncontent-length: 4\r\n\r\nheld"
 
@@ -473,14 +473,16 @@ def test_hold_sends_all_but_the_last_byte(run: Run, commit: bool) -> None:
         async with Upstream(answering(OK, created)) as up:
             client = up.client()
             assert await get(client, up.url()) == b"ok"
-            held = client.hold("POST", up.url("/held"), [(b"x-a", b"1")], body)
+            held = await client.hold("POST", up.url("/held"), [(b"x-a", b"1")], len(body))
             assert held is not None
+            for start in range(0, len(body), 30_000):
+                held.feed(body[start:start + 30_000])
             while len(up.receiving) < len(body) - 1:
                 await asyncio.sleep(0.005)
             await asyncio.sleep(0.05)
             assert bytes(up.receiving) == body[:-1] and len(up.requests) == 1
             if commit:
-                resp = await held.commit()
+                resp = await held.commit(body)
                 assert (resp.status_code, await resp.read()) == (201, b"held")
                 assert up.requests[1] == (b"POST /held HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
                                           b"x-a: 1\r\ncontent-length: 100000\r\n\r\n" % up.port,
@@ -499,12 +501,36 @@ def test_hold_needs_an_idle_connection_and_two_bytes(run: Run) -> None:
     async def main() -> None:
         async with Upstream(answering()) as up:
             client = up.client()
-            assert client.hold("POST", up.url(), [], b"{}") is None  # nothing idle
+            assert await client.hold("POST", up.url(), [], 2) is None  # nothing idle
             assert up.accepted == 0  # and no connection was opened for it
             assert await get(client, up.url()) == b"ok"
-            assert client.hold("POST", up.url(), [], b"x") is None
-            assert await get(client, up.url()) == b"ok"  # the idle one was left in the pool
-            assert up.accepted == 1
+            assert await client.hold("POST", up.url(), [], 1) is None
+            held = await client.hold("POST", up.url("/held"), [], 2)  # the idle one
+            assert held is not None
+            held.feed(b"{")
+            held.feed(b"}")
+            assert await (await held.commit(b"{}")).read() == b"ok"
+            assert up.accepted == 1 and up.requests[1][1] == b"{}"
+
+    run(main())
+
+
+def test_held_whose_body_is_not_the_one_fed_is_sent_anew(run: Run) -> None:
+    """A body shorter than declared (fed in part) never completes the held request: it is
+    dropped and the body given to commit is sent as a request of its own."""
+
+    async def main() -> None:
+        async with Upstream(answering()) as up:
+            client = up.client()
+            assert await get(client, up.url()) == b"ok"
+            held = await client.hold("POST", up.url("/held"), [], 10)
+            assert held is not None
+            held.feed(b"12345")
+            assert await (await held.commit(b"12345")).read() == b"ok"
+            while not up.incomplete:
+                await asyncio.sleep(0.005)
+            assert up.incomplete == [b"12345"]
+            assert [b for _, b in up.requests] == [b"", b"12345"]
 
     run(main())
 
@@ -521,10 +547,11 @@ def test_held_on_a_connection_closed_meanwhile_is_sent_anew(run: Run) -> None:
             client = up.client()
             assert await get(client, up.url()) == b"ok"
             up.writers[0].transport.abort()  # the upstream drops the idle connection
-            held = client.hold("POST", up.url("/held"), [], body)
+            held = await client.hold("POST", up.url("/held"), [], len(body))
             assert held is not None
+            held.feed(body)
             await asyncio.sleep(0.05)  # the client sees it closed
-            assert await (await held.commit()).read() == b"ok"
+            assert await (await held.commit(body)).read() == b"ok"
             assert up.accepted == 2 and [b for _, b in up.requests] == [b"", body]
             del held
             gc.collect()

@@ -210,24 +210,24 @@ def test_client_watch_spans_steps_and_stops_the_step_running_when_the_client_lea
     assert asyncio.run(main()) == [(True, "headers"), (False, None), (False, None), 0]
 
 
-def test_upstreams_behind_an_environment_proxy_go_through_it_and_are_never_held(
+def test_upstreams_behind_an_environment_proxy_go_through_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentcompact.integrations.proxy.upstream import UpstreamClient
+    from agentcompact.integrations.proxy.upstream import UpstreamClient, UpstreamError
 
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.test:3128")
     monkeypatch.setenv("NO_PROXY", "internal.test")
     client = UpstreamClient(5, 30)
-    via = client._via_proxy("https://api.example.test/v1/messages?beta=%2F")
-    assert via is not None
-    assert (str(via[0]), via[1]) == ("https://api.example.test/v1/messages?beta=%2F",
-                                     "http://proxy.test:3128")
-    assert client._via_proxy("https://internal.test/v1/messages") is None  # NO_PROXY
-    # a held request needs the direct client: through a proxy the normal path is taken
-    assert client.hold("POST", "https://api.example.test/v1/messages", [], b"{}") is None
+    target, via = client.route("https://api.example.test/v1/messages?beta=%2F")
+    # the path and query exactly as the client wrote them
+    assert (str(target), via) == ("https://api.example.test/v1/messages?beta=%2F",
+                                  "http://proxy.test:3128")
+    assert client.route("https://internal.test/v1/messages")[1] is None  # NO_PROXY
+    with pytest.raises(UpstreamError, match="not an http"):
+        client.route("ftp://api.example.test/v1/messages")
     for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy", "HTTP_PROXY",
                  "http_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
-    assert UpstreamClient(5, 30)._via_proxy("https://api.example.test/v1/messages") is None
+    assert UpstreamClient(5, 30).route("https://api.example.test/v1/messages")[1] is None
 
 
 def test_debug_dumps_redact_with_the_project_policy() -> None:
