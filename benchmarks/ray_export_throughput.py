@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentcompact.trajectory import export as _export
     from agentcompact.trajectory.export import ExportOptions, export_runs
     from agentcompact.trajectory.ray_export import export_runs_ray
-    from agentcompact.trajectory.tokenize import ChatTokenizer
+    from agentcompact.trajectory._tokenize import ChatTokenizer
 
     tok = ChatTokenizer.from_pretrained(QWEN)
     with tempfile.TemporaryDirectory() as tmpdir:

@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from agentcompact import Budget, Engine, get_dialect
-from agentcompact.store import PrefixEntry, PrefixStore
+from agentcompact import PrefixEntry, PrefixStore
 from agentcompact.stores import store_from_url
-from agentcompact.trajectory.loaders import load
+from agentcompact.trajectory import load
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
 CLAUDE = sorted((DATA / "claude-code").glob("*-*-*-*-*.jsonl"))
@@ -217,7 +217,7 @@ def sampled_summarizer() -> Iterator[dict[str, Any]]:
     an LLM sampling at a temperature does."""
     import itertools
 
-    from agentcompact.integrations.upstream_sim import Script, UpstreamSim, serve
+    from agentcompact.testing import Script, UpstreamSim, serve
 
     calls = itertools.count()
 
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if not CLAUDE:
         print(f"no Claude Code sessions under {DATA}", file=sys.stderr)
         return 1
-    from agentcompact.tokens import make_counter
+    from agentcompact._tokens import make_counter
 
     counter = make_counter("tiktoken")
     data = sessions()

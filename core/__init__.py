@@ -12,9 +12,9 @@ The tour::
 
 from __future__ import annotations
 
-from .budget import Budget
-from .dialects.base import Dialect, Part
-from .engine import CompactionResult, Engine
+from ._budget import Budget
+from .dialects._base import Dialect, Part
+from ._engine import CompactionResult, Engine
 from .errors import (
     AgentCompactError,
     CompactionError,
@@ -27,14 +27,14 @@ from .errors import (
     TrajectoryError,
     ValidationError,
 )
-from .events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, SummaryCall
-from .hookspecs import hookimpl, hookspec
-from .logging_hooks import log_episode_end, log_model_call, log_summary_call
-from .pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
-from .store import InMemoryPrefixStore, PrefixEntry, PrefixStore
-from .strategies.base import CompactionRequest, Rendered, Strategy
-from .tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter
-from .turns import Turns, split_turns, validate
+from ._events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, SummaryCall
+from ._hookspecs import hookimpl, hookspec
+from ._logging_hooks import log_episode_end, log_model_call, log_summary_call
+from ._pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
+from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore
+from .strategies._base import CompactionRequest, Rendered, Strategy
+from ._tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter
+from ._turns import Turns, split_turns, validate
 
 __version__ = "0.1.0"
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pluggy
 
-from ..budget import Budget
-from ..dialects.base import Dialect
-from ..engine import Engine
+from .._budget import Budget
+from ..dialects._base import Dialect
+from .._engine import Engine
 from ..errors import ConfigError
 
 __all__ = ["engine_from_options", "check_engine"]

@@ -7,7 +7,7 @@ time, needed-context recall and a record of what each compaction dropped.
 
 from __future__ import annotations
 
-from .baselines import (
+from ._baselines import (
     BASELINES,
     LLM_STRATEGIES,
     CliffCompactionContender,
@@ -18,9 +18,9 @@ from .baselines import (
     Sent,
     SlidingWindow,
 )
-from .pricing import PRICES, ModelPrice, call_cost, resolve_price
-from .recall import SALIENT_PATTERNS, ItemIndex, RecallCount, extract_items
-from .replay import (
+from ._pricing import PRICES, ModelPrice, call_cost, resolve_price
+from ._recall import SALIENT_PATTERNS, ItemIndex, RecallCount, extract_items
+from ._replay import (
     CompactionRecord,
     ReplayReport,
     SharedCounter,

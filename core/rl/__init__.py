@@ -4,11 +4,11 @@ Import the pieces from their modules; the numpy-only parts are re-exported here:
 
     from agentcompact.rl import grpo_advantages, broadcast_to_segments, validate_rows
 
-* :mod:`agentcompact.rl.schema` — ``SEGMENT_SCHEMA``, ``EPISODE_SCHEMA``, ``validate_rows``,
+* :mod:`agentcompact.rl._schema` — ``SEGMENT_SCHEMA``, ``EPISODE_SCHEMA``, ``validate_rows``,
   JSONL / Parquet readers and writers (pyarrow; ``export`` extra).
-* :mod:`agentcompact.rl.advantages` — GRPO / Dr.GRPO / RLOO over episodes, broadcasting.
+* :mod:`agentcompact.rl._advantages` — GRPO / Dr.GRPO / RLOO over episodes, broadcasting.
 * :mod:`agentcompact.rl.gae` — verl GAE, chain and truncated-chain GAE, whitening.
-* :mod:`agentcompact.rl.loss` — the five aggregation modes as per-token weights (numpy).
+* :mod:`agentcompact.rl._loss` — the five aggregation modes as per-token weights (numpy).
 * :mod:`agentcompact.rl.torch_data` — ``SegmentDataset``, ``collate``, ``policy_loss``
   (torch; ``rl`` extra) — not imported here, so this package works without torch.
 * :mod:`agentcompact.rl.adapters` — verl / TRL / SkyRL layouts (torch).
@@ -18,16 +18,16 @@ The math, with worked numbers, is in ``docs/rl-math.md``.
 
 from __future__ import annotations
 
-from agentcompact.rl.advantages import (
+from agentcompact.rl._advantages import (
     assign_advantages,
     broadcast_to_segments,
     drgrpo_advantages,
     grpo_advantages,
     rloo_advantages,
 )
-from agentcompact.rl.gae import chain_gae, gae, masked_whiten, truncated_chain_gae
-from agentcompact.rl.loss import LOSS_MODES, aggregate, token_weights, weights_for_rows
-from agentcompact.rl.schema import (
+from agentcompact.rl._gae import chain_gae, gae, masked_whiten, truncated_chain_gae
+from agentcompact.rl._loss import LOSS_MODES, aggregate, token_weights, weights_for_rows
+from agentcompact.rl._schema import (
     EPISODE_SCHEMA,
     SCHEMA_VERSION,
     SEGMENT_SCHEMA,

@@ -37,7 +37,7 @@ from agentcompact.rl.logprobs import (
     chosen_logprobs,
     chosen_logprobs_from_logits,
 )
-from agentcompact.rl.loss import denominator, effective_mask
+from agentcompact.rl._loss import denominator, effective_mask
 from agentcompact.rl.torch_data import Row, batch_token_weights, collate
 
 __all__ = [

@@ -18,9 +18,9 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlencode
 
 from ..errors import StoreError
-from ..store import InMemoryPrefixStore, PrefixStore
-from .codec import decode_entry, encode_entry
-from .shared import Backend, SharedPrefixStore
+from .._store import InMemoryPrefixStore, PrefixStore
+from ._codec import decode_entry, encode_entry
+from ._shared import Backend, SharedPrefixStore
 
 __all__ = ["Backend", "SharedPrefixStore", "decode_entry", "encode_entry", "store_from_url"]
 
@@ -51,7 +51,7 @@ def store_from_url(url: str) -> PrefixStore:
 
 def _backend(scheme: str, base: str, query: dict[str, str]) -> Backend:
     if scheme == "sqlite":
-        from .sqlite_store import SQLiteBackend
+        from ._sqlite_store import SQLiteBackend
 
         path = base[len("sqlite:///"):] if base.startswith("sqlite:///") else ""
         unknown = sorted(set(query) - {"max_entries"})
@@ -61,7 +61,7 @@ def _backend(scheme: str, base: str, query: dict[str, str]) -> Backend:
             raise StoreError("sqlite store URL: write sqlite:///PATH (sqlite:////abs/path)")
         return SQLiteBackend(path, max_entries=int(query.get("max_entries", 100_000)))
     if scheme in ("redis", "rediss", "unix"):
-        from .redis_store import RedisBackend
+        from ._redis_store import RedisBackend
 
         return RedisBackend(base + ("?" + urlencode(query) if query else ""))
     raise StoreError(f"store URL scheme {scheme!r}: use memory:, sqlite:///PATH or "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import CompactionRequest, Rendered, Strategy
-from .cliff import CliffLevel, CliffStrategy
+from ._base import CompactionRequest, Rendered, Strategy
+from ._cliff import CliffLevel, CliffStrategy
 
 __all__ = ["CliffLevel", "CliffStrategy", "CompactionRequest", "Rendered", "Strategy"]

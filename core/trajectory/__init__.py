@@ -3,7 +3,7 @@ tau-bench and plain message lists, as :class:`Trajectory` values."""
 
 from __future__ import annotations
 
-from .loaders import (
+from ._loaders import (
     DIALECTS,
     FORMATS,
     UNSUPPORTED_FORMATS,

@@ -16,8 +16,8 @@ from agentcompact import (
     new_plugin_manager,
     validate,
 )
-from agentcompact.markers import COMPACTION_HEADER
-from agentcompact.strategies.cliff import CliffStrategy
+from agentcompact._markers import COMPACTION_HEADER
+from agentcompact.strategies import CliffStrategy
 
 from .histories import build, call_points
 

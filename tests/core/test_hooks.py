@@ -15,14 +15,14 @@ from agentcompact import (
     ModelCall,
     SummaryCall,
     hookimpl,
-    hookspecs,
+    _hookspecs as hookspecs,
     log_episode_end,
     log_model_call,
     log_summary_call,
     new_plugin_manager,
 )
 from agentcompact.dialects import OpenAIChatDialect
-from agentcompact.strategies.cliff import CliffStrategy
+from agentcompact.strategies import CliffStrategy
 
 from .histories import build
 

@@ -22,11 +22,11 @@ from agentcompact import (
     new_plugin_manager,
     validate,
 )
-from agentcompact.budget import DEFAULT_TARGET_SHARE
+from agentcompact._budget import DEFAULT_TARGET_SHARE
 from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.errors import DialectError
-from agentcompact.strategies.base import CompactionRequest, Rendered
-from agentcompact.turns import thinking_loop_error
+from agentcompact.strategies import CompactionRequest, Rendered
+from agentcompact._turns import thinking_loop_error
 
 from .histories import build
 

@@ -19,7 +19,7 @@ from agentcompact.trajectory import (
     load,
     tau_bench_groups,
 )
-from agentcompact.turns import validate
+from agentcompact import validate
 from tests.conftest import TRAJECTORIES, needs_shared_data
 
 CLAUDE = TRAJECTORIES / "claude-code"

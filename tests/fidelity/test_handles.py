@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentcompact import Budget, Engine, new_plugin_manager
-from agentcompact.archive import MemoryArchive, SQLiteArchive, handle_of
-from agentcompact.expand import expand
+from agentcompact._archive import MemoryArchive, SQLiteArchive, handle_of
+from agentcompact._expand import expand
 from tests.core.histories import build, call_points
 from tests.integrations.conftest import Collector
 

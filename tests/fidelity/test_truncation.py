@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcompact import get_dialect, new_plugin_manager
-from agentcompact.archive import handle_of
-from agentcompact.dialects.base import head_tail, truncation_pieces
+from agentcompact._archive import handle_of
+from agentcompact.dialects._base import head_tail, truncation_pieces
 
 PYTEST_LOG = (
     "============================= test session starts ==============================\n"

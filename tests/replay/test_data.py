@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from agentcompact.replay import replay
-from agentcompact.replay.baselines import ContenderSettings, unavailable_reason
-from agentcompact.replay.cli import load_sessions
+from agentcompact.replay._baselines import ContenderSettings, unavailable_reason
+from agentcompact.replay._cli import load_sessions
 from tests.conftest import TRAJECTORIES, needs_shared_data
 
 pytestmark = needs_shared_data("trajectories")

@@ -19,8 +19,8 @@ from agentcompact.rl.adapters import (
     to_verl,
     to_verl_parquet,
 )
-from agentcompact.rl.advantages import assign_advantages
-from agentcompact.rl.schema import (
+from agentcompact.rl import assign_advantages
+from agentcompact.rl._schema import (
     SEGMENT_SCHEMA,
     read_jsonl,
     read_parquet,

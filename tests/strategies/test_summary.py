@@ -9,9 +9,9 @@ import pytest
 
 from agentcompact import Engine, hookimpl, validate
 from agentcompact.errors import ConfigError
-from agentcompact.integrations.upstream_sim import Fault, LatencyModel, Reply, Script
-from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
-from agentcompact.strategies.summary import SummaryStrategy
+from agentcompact.testing import Fault, LatencyModel, Reply, Script
+from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
+from agentcompact.strategies._summary import SummaryStrategy
 
 from .conftest import assert_clean_prompts, client, grow, history, prompt_of, text_of
 
