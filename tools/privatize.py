@@ -21,7 +21,9 @@ What it does:
    (``integrations/proxy/app.py``). Outside the package (tests, benchmarks, docs, README) a
    ``from <private module> import names`` whose names the public parent package exports is
    written ``from <public package> import names``.
-3. Prints each line it could not rewrite safely (``from agentcompact.integrations import
+3. Re-sorts the imports of the rewritten files (``ruff check --fix --select I``; run it with
+   an interpreter that has ruff).
+4. Prints each line it could not rewrite safely (``from agentcompact.integrations import
    upstream_sim``-style imports of a moved folder) for a hand fix.
 """
 
@@ -483,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in apply_renames(args.check):
         print(("would move " if args.check else "moved ") + line)
     all_problems: list[str] = []
+    rewritten: list[str] = []
     for path in scan_files():
         old, new, problems = rewrite_file(path)
         all_problems += problems
@@ -491,6 +494,11 @@ def main(argv: list[str] | None = None) -> int:
                   + path.relative_to(ROOT).as_posix())
             if not args.check:
                 path.write_text(new)
+                if path.suffix == ".py":
+                    rewritten.append(str(path))
+    if rewritten:  # renamed modules sort elsewhere: let ruff re-sort the imports it changed
+        subprocess.run([sys.executable, "-m", "ruff", "check", "--quiet", "--fix",
+                        "--select", "I", *rewritten], cwd=ROOT, check=False)
     for p in all_problems:
         print("FIX BY HAND:", p, file=sys.stderr)
     return 1 if all_problems else 0
