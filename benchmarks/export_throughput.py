@@ -90,8 +90,8 @@ def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int,
     """Export ``repeat`` times (fresh folders, the tokenizer loaded once, outside the clock;
     worker processes started inside it). ``reuse=False``: without the reuse of repeated
     chunks' ids (``ChatTokenizer``). ``workers``: ``ExportOptions.workers``."""
-    from agentcompact.trajectory.export import ExportOptions, export_runs
     from agentcompact.trajectory._tokenize import ChatTokenizer
+    from agentcompact.trajectory.export import ExportOptions, export_runs
 
     tok = ChatTokenizer.from_pretrained(tokenizer)
     if not reuse:

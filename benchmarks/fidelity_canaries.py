@@ -43,8 +43,8 @@ from cliffcompaction.engine import Engine as CliffEngine
 from agentcompact import Budget, Engine, get_dialect
 from agentcompact._archive import MemoryArchive
 from agentcompact._cachecost import CacheCost
-from agentcompact.replay import extract_items
 from agentcompact._tokens import MessageMeter, TiktokenCounter
+from agentcompact.replay import extract_items
 from agentcompact.trajectory import load
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"

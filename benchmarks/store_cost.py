@@ -42,8 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentcompact import Budget, Engine, get_dialect
-from agentcompact import PrefixEntry, PrefixStore
+from agentcompact import Budget, Engine, PrefixEntry, PrefixStore, get_dialect
 from agentcompact.stores import store_from_url
 from agentcompact.trajectory import load
 

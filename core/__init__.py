@@ -13,8 +13,15 @@ The tour::
 from __future__ import annotations
 
 from ._budget import Budget
-from .dialects._base import Dialect, Part
 from ._engine import CompactionResult, Engine
+from ._events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, SummaryCall
+from ._hookspecs import hookimpl, hookspec
+from ._logging_hooks import log_episode_end, log_model_call, log_summary_call
+from ._pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
+from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore
+from ._tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter
+from ._turns import Turns, split_turns, validate
+from .dialects._base import Dialect, Part
 from .errors import (
     AgentCompactError,
     CompactionError,
@@ -27,14 +34,7 @@ from .errors import (
     TrajectoryError,
     ValidationError,
 )
-from ._events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, SummaryCall
-from ._hookspecs import hookimpl, hookspec
-from ._logging_hooks import log_episode_end, log_model_call, log_summary_call
-from ._pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
-from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore
 from .strategies._base import CompactionRequest, Rendered, Strategy
-from ._tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter
-from ._turns import Turns, split_turns, validate
 
 __version__ = "0.1.0"
 

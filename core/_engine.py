@@ -41,16 +41,16 @@ import pluggy
 import xxhash
 
 from ._budget import Budget
-from .dialects._base import Dialect, json_text
-from .errors import AgentCompactError, ConfigError, DialectError, OverBudgetError, PluginError
 from ._events import CompactionEvent, DroppedItem, new_id
 from ._markers import COMPACTION_HEADER
 from ._pluginmanager import get_plugin_manager, registry
 from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore, chain_digests
-from .strategies._base import CompactionRequest, Rendered
-from .strategies._cliff import CliffStrategy
 from ._tokens import MessageMeter, TokenCounter, make_counter
 from ._turns import loop_start, problems, split_turns, starts_with_thinking, thinking_loop_error
+from .dialects._base import Dialect, json_text
+from .errors import AgentCompactError, ConfigError, DialectError, OverBudgetError, PluginError
+from .strategies._base import CompactionRequest, Rendered
+from .strategies._cliff import CliffStrategy
 
 __all__ = ["CompactionResult", "Engine", "describe_error"]
 

@@ -18,8 +18,8 @@ import pluggy
 
 if TYPE_CHECKING:
     from ._budget import Budget
-    from .dialects._base import Dialect
     from ._events import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall
+    from .dialects._base import Dialect
 
 __all__ = ["hookimpl", "hookspec"]
 

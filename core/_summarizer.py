@@ -44,8 +44,8 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, SummarizerError, SummarizerOverflow
 from ._events import SummaryCall
+from .errors import ConfigError, SummarizerError, SummarizerOverflow
 
 if TYPE_CHECKING:
     import pluggy

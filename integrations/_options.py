@@ -10,8 +10,8 @@ from typing import Any
 import pluggy
 
 from .._budget import Budget
-from ..dialects._base import Dialect
 from .._engine import Engine
+from ..dialects._base import Dialect
 from ..errors import ConfigError
 
 __all__ = ["engine_from_options", "check_engine"]

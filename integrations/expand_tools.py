@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._archive import Archive, open_archive
-from ..errors import ConfigError
 from .._expand import DEFAULT_PAGE_CHARS, expand_text, search_text
+from ..errors import ConfigError
 
 __all__ = [
     "EXPAND_DESCRIPTION",

@@ -61,12 +61,12 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
 from .._budget import Budget
-from ..dialects._base import Dialect, Part, head_tail
 from .._engine import CompactionResult, Engine
-from ..errors import ConfigError, DialectError, ValidationError
 from .._events import ModelCall, new_id
 from .._hookspecs import hookimpl
 from .._logging_hooks import log_model_call
+from ..dialects._base import Dialect, Part, head_tail
+from ..errors import ConfigError, DialectError, ValidationError
 from ._options import check_engine, engine_from_options
 
 __all__ = [

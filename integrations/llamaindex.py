@@ -52,12 +52,12 @@ from llama_index.core.memory import BaseMemory
 from pydantic import ConfigDict, PrivateAttr
 
 from .._budget import Budget
-from ..dialects._base import Dialect, Part, head_tail
 from .._engine import CompactionResult, Engine
-from ..errors import ConfigError, DialectError, ValidationError
 from .._events import ModelCall, new_id
 from .._hookspecs import hookimpl
 from .._logging_hooks import log_model_call
+from ..dialects._base import Dialect, Part, head_tail
+from ..errors import ConfigError, DialectError, ValidationError
 from ._options import check_engine, engine_from_options
 
 __all__ = [

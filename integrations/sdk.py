@@ -44,9 +44,9 @@ import orjson
 import pluggy
 
 from .._engine import CompactionResult, Engine
-from ..errors import ConfigError, DialectError
 from .._events import ModelCall, new_id
 from .._logging_hooks import log_model_call
+from ..errors import ConfigError, DialectError
 from ._options import engine_from_options
 from .proxy._reassemble import Reassembled, from_body, reassembler
 

@@ -34,10 +34,10 @@ from typing import Any
 
 import orjson
 
-from agentcompact.errors import TrajectoryError
 from agentcompact._events import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall, new_id
 from agentcompact._hookspecs import hookimpl
 from agentcompact._redact import redact
+from agentcompact.errors import TrajectoryError
 
 __all__ = ["EVENTS_FILE", "EVENTS_FORMAT", "Recorder"]
 

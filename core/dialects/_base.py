@@ -17,8 +17,8 @@ import orjson
 import xxhash
 
 from .._archive import handle_of
-from ..errors import DialectError, ValidationError
 from .._markers import elision, is_marked, lines_elision
+from ..errors import DialectError, ValidationError
 
 __all__ = ["ERROR_LINE", "Dialect", "Part", "Piece", "digest_of", "head_tail", "head_tail_spans",
            "json_text", "safe_json", "truncated", "truncation_pieces"]

@@ -26,13 +26,13 @@ from typing import Any, Protocol
 import pluggy
 
 from .._budget import Budget
-from ..dialects._base import Dialect
 from .._engine import Engine
-from ..errors import ConfigError
 from .._events import CompactionEvent
 from .._pluginmanager import registry
 from .._tokens import MessageMeter, TokenCounter
 from .._turns import split_turns
+from ..dialects._base import Dialect
+from ..errors import ConfigError
 
 __all__ = [
     "BASELINES",

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..errors import AgentCompactError
 from .._pluginmanager import registry
+from ..errors import AgentCompactError
 from ..trajectory._loaders import Trajectory, iter_trajectories
 from ._baselines import BASELINES, LLM_STRATEGIES
 from ._codex import is_codex_rollout, load_codex_rollout

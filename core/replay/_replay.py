@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._archive import Archive
-from ..dialects._base import Dialect
 from .._events import CompactionEvent
 from .._pluginmanager import get_plugin_manager, registry
-from ..plugins.rules import is_rule
 from .._tokens import MessageMeter, TokenCounter, make_counter
-from ..trajectory._loaders import Trajectory
 from .._turns import split_turns
+from ..dialects._base import Dialect
+from ..plugins.rules import is_rule
+from ..trajectory._loaders import Trajectory
 from ._baselines import Contender, ContenderSettings, Sent, build_contender, unavailable_reason
 from ._pricing import ModelPrice, call_cost, resolve_price
 from ._recall import ItemIndex, RecallCount

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlencode
 
-from ..errors import StoreError
 from .._store import InMemoryPrefixStore, PrefixStore
+from ..errors import StoreError
 from ._codec import decode_entry, encode_entry
 from ._shared import Backend, SharedPrefixStore
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
-from ..errors import StoreError
 from .._store import PrefixEntry
+from ..errors import StoreError
 
 __all__ = ["FORMAT", "decode_entry", "encode_entry"]
 

@@ -19,8 +19,8 @@ from .._events import DroppedItem
 if TYPE_CHECKING:
     import pluggy
 
-    from ..dialects._base import Dialect
     from .._tokens import MessageMeter
+    from ..dialects._base import Dialect
 
 __all__ = ["CompactionRequest", "Rendered", "Strategy"]
 

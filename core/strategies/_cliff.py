@@ -38,12 +38,12 @@ from operator import itemgetter
 from typing import Any
 
 from .._archive import Archive, ArchivedItem, handle_of, open_archive
-from ..dialects._base import Part, truncation_pieces
-from ..errors import PluginError
 from .._events import DroppedItem
 from .._markers import COMPACTION_HEADER
 from .._tokens import MESSAGE_OVERHEAD
 from .._turns import split_turns
+from ..dialects._base import Part, truncation_pieces
+from ..errors import PluginError
 from ._base import CompactionRequest, Rendered
 
 __all__ = ["DEFAULT_LEVELS", "CliffLevel", "CliffStrategy", "Seg", "render_segments"]

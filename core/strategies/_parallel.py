@@ -41,12 +41,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import AgentCompactError, CompactionError, ConfigError, SummarizerError
 from .._events import DroppedItem
 from .._markers import COMPACTION_HEADER, SUMMARY_HEADER
 from .._summarizer import AsyncSession, CallInfo, Summarizer, SyncSession
 from .._tokens import MESSAGE_OVERHEAD
 from .._turns import split_turns
+from ..errors import AgentCompactError, CompactionError, ConfigError, SummarizerError
 from ._base import CompactionRequest, Rendered
 from ._cliff import CliffStrategy
 from ._summary import (

@@ -41,12 +41,12 @@ from typing import Any
 
 import orjson
 
-from ..dialects._base import head_tail
-from ..errors import CompactionError, ConfigError, PluginError, SummarizerError
 from .._events import DroppedItem
 from .._markers import SUMMARY_HEADER
 from .._summarizer import AsyncSession, CallInfo, Summarizer, SummarizerOverflow, SyncSession
 from .._tokens import MESSAGE_OVERHEAD, TokenCounter
+from ..dialects._base import head_tail
+from ..errors import CompactionError, ConfigError, PluginError, SummarizerError
 from ._base import CompactionRequest, Rendered
 
 __all__ = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentcompact.integrations._threaded_server import ThreadedServer
+
 from ._app import RecordedRequest, UpstreamSim, quiet_dropped_streams
 
 __all__ = ["RunningServer", "serve"]

@@ -27,9 +27,9 @@ from typing import Any
 
 import orjson
 
+from .._events import CompactionEvent, ModelCall, SummaryCall
 from ..dialects._base import Dialect, digest_of
 from ..errors import TokenizerError, TrajectoryError
-from .._events import CompactionEvent, ModelCall, SummaryCall
 from ._tokenize import (
     ChatTokenizer,
     PrefixBreak,

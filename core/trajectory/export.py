@@ -45,8 +45,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import ConfigError, ExportError, TrajectoryError
 from .._events import CompactionEvent, ModelCall, SummaryCall
+from ..errors import ConfigError, ExportError, TrajectoryError
 from ..rl._advantages import (
     broadcast_to_segments,
     drgrpo_advantages,

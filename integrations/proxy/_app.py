@@ -37,13 +37,13 @@ from starlette.routing import Route
 
 from agentcompact import __version__
 from agentcompact._budget import Budget
-from agentcompact.dialects._base import Dialect
 from agentcompact._engine import CompactionResult, Engine
 from agentcompact._events import ModelCall
 from agentcompact._logging_hooks import log_model_call
-from agentcompact.plugins import get_plugin_manager, registry
 from agentcompact._store import InMemoryPrefixStore, PrefixStore
 from agentcompact._tokens import make_counter
+from agentcompact.dialects._base import Dialect
+from agentcompact.plugins import get_plugin_manager, registry
 
 from ._bodies import BodyCache, Parsed, encode
 from ._config import ProxyConfig

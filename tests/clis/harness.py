@@ -21,8 +21,7 @@ import orjson
 from agentcompact import new_plugin_manager
 from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
 from agentcompact.integrations.proxy._wire import dialect_for
-from agentcompact.testing import Script, UpstreamSim, serve
-from agentcompact.testing import RecordedRequest
+from agentcompact.testing import RecordedRequest, Script, UpstreamSim, serve
 from agentcompact.testing._clis import (
     CliCommand,
     ToolLoop,

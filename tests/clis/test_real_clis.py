@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
-from agentcompact.dialects import AnthropicDialect, OpenAIResponsesDialect
-from agentcompact.dialects import Dialect, digest_of
+from agentcompact import validate
+from agentcompact.dialects import AnthropicDialect, Dialect, OpenAIResponsesDialect, digest_of
 from agentcompact.integrations.proxy._observe import redact_json
 from agentcompact.testing._clis import (
     DUMMY_ANTHROPIC_KEY,
@@ -24,7 +24,6 @@ from agentcompact.testing._clis import (
     FINAL_TEXT,
     find_cli,
 )
-from agentcompact import validate
 
 from .harness import CliRun, run_cli
 

@@ -12,9 +12,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentcompact import Budget, Engine, get_dialect, new_plugin_manager
-from agentcompact import hookimpl
-from agentcompact import PrefixEntry
+from agentcompact import Budget, Engine, PrefixEntry, get_dialect, hookimpl, new_plugin_manager
 from agentcompact._tokens import CharEstimateCounter, MessageMeter, TiktokenCounter
 from agentcompact.trajectory import iter_trajectories
 

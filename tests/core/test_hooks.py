@@ -15,11 +15,13 @@ from agentcompact import (
     ModelCall,
     SummaryCall,
     hookimpl,
-    _hookspecs as hookspecs,
     log_episode_end,
     log_model_call,
     log_summary_call,
     new_plugin_manager,
+)
+from agentcompact import (
+    _hookspecs as hookspecs,
 )
 from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.strategies import CliffStrategy

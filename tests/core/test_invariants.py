@@ -23,10 +23,10 @@ from agentcompact import (
     validate,
 )
 from agentcompact._budget import DEFAULT_TARGET_SHARE
+from agentcompact._turns import thinking_loop_error
 from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.errors import DialectError
 from agentcompact.strategies import CompactionRequest, Rendered
-from agentcompact._turns import thinking_loop_error
 
 from .histories import build
 

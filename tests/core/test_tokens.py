@@ -8,7 +8,6 @@ from collections.abc import Sequence
 import pytest
 
 from agentcompact import get_dialect, new_plugin_manager
-from agentcompact.errors import ConfigError
 from agentcompact._tokens import (
     IMAGE_TOKENS,
     MESSAGE_OVERHEAD,
@@ -17,6 +16,7 @@ from agentcompact._tokens import (
     TiktokenCounter,
     make_counter,
 )
+from agentcompact.errors import ConfigError
 
 from ..conftest import QWEN_TOKENIZER
 from .histories import build

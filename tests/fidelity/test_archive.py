@@ -20,8 +20,8 @@ from agentcompact._archive import (
     is_handle,
     open_archive,
 )
-from agentcompact.errors import ArchiveError, ConfigError
 from agentcompact._expand import expand, expand_text, search_dropped
+from agentcompact.errors import ArchiveError, ConfigError
 
 TEXT = "".join(f"{i:05d} ünïcode \U0001f600 line\n" for i in range(3_000))
 

@@ -23,6 +23,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from agentcompact import Budget, Engine, validate
+from agentcompact._markers import COMPACTION_HEADER, is_marked
 from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.errors import ConfigError, DialectError
 from agentcompact.integrations.langgraph import (
@@ -41,7 +42,6 @@ from agentcompact.testing import (
     filler_text,
     serve,
 )
-from agentcompact._markers import COMPACTION_HEADER, is_marked
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = pytest.mark.network

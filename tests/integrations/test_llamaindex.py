@@ -13,6 +13,7 @@ from llama_index.core.base.llms.types import ChatMessage, TextBlock, ToolCallBlo
 from llama_index.llms.openai_like import OpenAILike
 
 from agentcompact import Budget, Engine, validate
+from agentcompact._markers import COMPACTION_HEADER, is_marked
 from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.errors import ConfigError, DialectError
 from agentcompact.integrations.llamaindex import (
@@ -31,7 +32,6 @@ from agentcompact.testing import (
     filler_text,
     serve,
 )
-from agentcompact._markers import COMPACTION_HEADER, is_marked
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = [

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from agentcompact import Budget, Engine, get_dialect, validate
+from agentcompact._markers import COMPACTION_HEADER
 from agentcompact.errors import ConfigError, DialectError
 from agentcompact.integrations.proxy._reassemble import from_body, reassemble_events
 from agentcompact.integrations.sdk import _TABLES, CompactedClient, compact
@@ -25,7 +26,6 @@ from agentcompact.testing import (
     prompt_text,
     serve,
 )
-from agentcompact._markers import COMPACTION_HEADER
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = pytest.mark.network

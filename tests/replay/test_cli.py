@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 
+from agentcompact import get_dialect, split_turns
+from agentcompact._tokens import MessageMeter
 from agentcompact.errors import ConfigError
-from agentcompact import get_dialect
 from agentcompact.replay import SlidingWindow, extract_items
 from agentcompact.replay._cli import default_strategies, load_sessions, main
 from agentcompact.replay._codex import is_codex_rollout, load_codex_rollout
 from agentcompact.replay._pricing import call_cost, load_price_file, resolve_price
-from agentcompact._tokens import MessageMeter
-from agentcompact import split_turns
 
 from .test_figures import SESSION, WordCounter
 

@@ -7,9 +7,15 @@ from typing import Any
 
 import pytest
 
-from agentcompact.replay import FullHistory, Sent, replay, replay_trajectory
-from agentcompact.replay import ContenderSettings
-from agentcompact.replay import PRICES, resolve_price
+from agentcompact.replay import (
+    PRICES,
+    ContenderSettings,
+    FullHistory,
+    Sent,
+    replay,
+    replay_trajectory,
+    resolve_price,
+)
 from agentcompact.trajectory import Trajectory
 
 

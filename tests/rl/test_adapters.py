@@ -12,13 +12,6 @@ import pytest
 import torch
 
 from agentcompact.errors import ExportError
-from agentcompact.rl.adapters import (
-    to_skyrl,
-    to_trl_rollout,
-    to_trl_sft,
-    to_verl,
-    to_verl_parquet,
-)
 from agentcompact.rl import assign_advantages
 from agentcompact.rl._schema import (
     SEGMENT_SCHEMA,
@@ -28,6 +21,13 @@ from agentcompact.rl._schema import (
     validate_rows,
     write_jsonl,
     write_parquet,
+)
+from agentcompact.rl.adapters import (
+    to_skyrl,
+    to_trl_rollout,
+    to_trl_sft,
+    to_verl,
+    to_verl_parquet,
 )
 from agentcompact.rl.torch_data import collate
 

@@ -13,8 +13,8 @@ from agentcompact.rl import (
     drgrpo_advantages,
     grpo_advantages,
     rloo_advantages,
+    validate_rows,
 )
-from agentcompact.rl import validate_rows
 
 from .rowkit import make_episode
 

@@ -10,8 +10,8 @@ import torch
 
 from agentcompact.errors import ExportError
 from agentcompact.rl import assign_advantages
-from agentcompact.rl.ppo import policy_loss
 from agentcompact.rl._schema import to_float32, validate_rows, write_parquet
+from agentcompact.rl.ppo import policy_loss
 from agentcompact.rl.torch_data import (
     SegmentDataset,
     batch_token_weights,

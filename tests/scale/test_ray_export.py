@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentcompact.errors import TrajectoryError
-from agentcompact.trajectory.export import ExportOptions, export_runs
 from agentcompact.trajectory._tokenize import ChatTokenizer
+from agentcompact.trajectory.export import ExportOptions, export_runs
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.trajectory.test_export_workers import files_of, many_runs
 

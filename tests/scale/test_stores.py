@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Engine
+from agentcompact import Engine, PrefixEntry
 from agentcompact.errors import StoreError
-from agentcompact import PrefixEntry
 from agentcompact.stores import SharedPrefixStore, store_from_url
 from agentcompact.stores._sqlite_store import SQLiteBackend
 from tests.integrations.proxy.histories import chat_history

@@ -10,9 +10,9 @@ import pytest
 
 from agentcompact import Engine, validate
 from agentcompact._background import BackgroundCompactor
+from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
 from agentcompact.errors import ConfigError
 from agentcompact.testing import Fault, LatencyModel, Script, digest_reply
-from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
 
 from .conftest import client, grow, history, text_of
 

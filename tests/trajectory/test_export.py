@@ -12,18 +12,18 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from agentcompact.errors import ConfigError, ExportError
 from agentcompact import EpisodeEnd
+from agentcompact.errors import ConfigError, ExportError
 from agentcompact.rl._schema import SegmentRowError, read_rows, write_parquet
+from agentcompact.trajectory._export_cli import main
+from agentcompact.trajectory._importers import import_trajectories
+from agentcompact.trajectory._tokenize import ChatTokenizer
 from agentcompact.trajectory.export import (
     ExportOptions,
     export_runs,
     read_export,
     validate_export,
 )
-from agentcompact.trajectory._export_cli import main
-from agentcompact.trajectory._importers import import_trajectories
-from agentcompact.trajectory._tokenize import ChatTokenizer
 from tests.conftest import QWEN_TOKENIZER, TRAJECTORIES, needs_shared_data
 from tests.trajectory.runs import agent_loop, record
 
@@ -248,8 +248,8 @@ def test_every_field_is_on_the_dataset_card_and_files_are_private(
     import logging
     import os
 
-    from agentcompact.rl._card import EPISODE_FIELDS, SEGMENT_FIELDS
     from agentcompact.rl import EPISODE_SCHEMA, SEGMENT_SCHEMA
+    from agentcompact.rl._card import EPISODE_FIELDS, SEGMENT_FIELDS
 
     assert set(SEGMENT_FIELDS) == set(SEGMENT_SCHEMA.names)
     assert set(EPISODE_FIELDS) == set(EPISODE_SCHEMA.names)

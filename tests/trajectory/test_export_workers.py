@@ -12,11 +12,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from agentcompact.errors import ConfigError, TrajectoryError
 from agentcompact import EpisodeEnd
-from agentcompact.trajectory.export import ExportOptions, export_runs, read_export
+from agentcompact.errors import ConfigError, TrajectoryError
 from agentcompact.trajectory._export_cli import main
 from agentcompact.trajectory._tokenize import ChatTokenizer
+from agentcompact.trajectory.export import ExportOptions, export_runs, read_export
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.trajectory.runs import agent_loop, record
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from agentcompact import EpisodeEnd
 from agentcompact.rl import validate_rows
-from agentcompact.trajectory.export import ExportOptions, export_runs, read_export
 from agentcompact.trajectory._tokenize import ChatTokenizer
+from agentcompact.trajectory.export import ExportOptions, export_runs, read_export
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.trajectory.runs import agent_loop, record
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from agentcompact.errors import TornLineError, TrajectoryError
 from agentcompact import ModelCall
+from agentcompact.errors import TornLineError, TrajectoryError
 from agentcompact.plugins.recorder import Recorder
 from agentcompact.trajectory._events_log import read_events
 from agentcompact.trajectory.export import ExportOptions, export_runs

@@ -7,10 +7,15 @@ from typing import Any
 
 import pytest
 
-from agentcompact.errors import TokenizerError
 from agentcompact import ModelCall
+from agentcompact.errors import TokenizerError
 from agentcompact.trajectory._segments import build_segments
-from agentcompact.trajectory._tokenize import ChatTokenizer, TokenStream, tail_text, to_chat_messages
+from agentcompact.trajectory._tokenize import (
+    ChatTokenizer,
+    TokenStream,
+    tail_text,
+    to_chat_messages,
+)
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.trajectory.runs import agent_loop
 

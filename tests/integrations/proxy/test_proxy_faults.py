@@ -14,8 +14,14 @@ import openai
 import orjson
 import pytest
 
-from agentcompact import CompactionEvent, get_dialect, hookimpl, new_plugin_manager, validate
-from agentcompact import Engine
+from agentcompact import (
+    CompactionEvent,
+    Engine,
+    get_dialect,
+    hookimpl,
+    new_plugin_manager,
+    validate,
+)
 from agentcompact.integrations.proxy import ThreadedServer
 from agentcompact.testing import (
     FAULT_HEADER,
