@@ -313,17 +313,20 @@ def rewrite_from_imports(text: str, rel: str, in_package: bool) -> tuple[str, li
 
 
 def _names_end(text: str, start: int) -> int:
+    """Where the imported names end: the closing parenthesis, or the first end of line
+    (past backslash continuations), ``;``, ``#`` or quote (an import inside a string)."""
     if text.startswith("(", start):
         return text.index(")", start) + 1
     end = start
-    while True:
-        nl = text.find("\n", end)
-        if nl == -1:
-            return len(text)
-        if text[nl - 1:nl] == "\\":
-            end = nl + 1
+    while end < len(text):
+        ch = text[end]
+        if ch == "\\" and text.startswith("\n", end + 1):
+            end += 2
             continue
-        return nl
+        if ch in "\n;#'\"":
+            return end
+        end += 1
+    return end
 
 
 def _rewrite_names(old_mod: str, new_mod: str, names_text: str) -> tuple[str, str | None]:
@@ -345,12 +348,20 @@ def _rewrite_names(old_mod: str, new_mod: str, names_text: str) -> tuple[str, st
         return new_name if alias == new_name else f"{new_name} as {alias}"
 
     pat = re.compile(rf"(?<![\w.])(?P<name>{IDENT})(?:[ \t]+as[ \t]+(?P<alias>{IDENT}))?")
-    return pat.sub(sub, names_text), note
+    lines = []
+    for line in names_text.split("\n"):  # names only, never words of a comment
+        code, hash_, comment = line.partition("#")
+        lines.append(pat.sub(sub, code) + hash_ + comment)
+    return "\n".join(lines), note
+
+
+def _code(names_text: str) -> str:
+    return "\n".join(line.partition("#")[0] for line in names_text.split("\n"))
 
 
 def _public_parent(private_mod: str, names_text: str) -> str | None:
     """The nearest public package exporting every name imported from a private module."""
-    names = re.findall(rf"(?<![\w.])({IDENT})(?:[ \t]+as[ \t]+{IDENT})?", names_text)
+    names = re.findall(rf"(?<![\w.])({IDENT})(?:[ \t]+as[ \t]+{IDENT})?", _code(names_text))
     names = [n for n in names if n != "as"]
     if not names or "*" in names_text:
         return None
