@@ -25,14 +25,17 @@ from agentcompact.rl._advantages import (
     grpo_advantages,
     rloo_advantages,
 )
-from agentcompact.rl._gae import chain_gae, gae, masked_whiten, truncated_chain_gae
+from agentcompact.rl._gae import assign_gae, chain_gae, gae, masked_whiten, truncated_chain_gae
 from agentcompact.rl._loss import LOSS_MODES, aggregate, token_weights, weights_for_rows
 from agentcompact.rl._schema import (
     EPISODE_SCHEMA,
     SCHEMA_VERSION,
     SEGMENT_SCHEMA,
     SegmentRowError,
+    read_rows,
     validate_rows,
+    write_jsonl,
+    write_parquet,
 )
 
 __all__ = [
@@ -43,15 +46,19 @@ __all__ = [
     "SegmentRowError",
     "aggregate",
     "assign_advantages",
+    "assign_gae",
     "broadcast_to_segments",
     "chain_gae",
     "drgrpo_advantages",
     "gae",
     "grpo_advantages",
     "masked_whiten",
+    "read_rows",
     "rloo_advantages",
     "token_weights",
     "truncated_chain_gae",
     "validate_rows",
     "weights_for_rows",
+    "write_jsonl",
+    "write_parquet",
 ]

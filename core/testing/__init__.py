@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 
-from ._app import FAULT_HEADER, RecordedRequest, StreamDropped, UpstreamSim
+from ._app import FAULT_HEADER, RecordedRequest, UpstreamSim
+from ._clis import CLI_BIN_ENV, CliCommand, ToolLoop, claude_command, codex_command, find_cli
 from ._latency import LatencyModel
 from ._runner import RunningServer, serve
 from ._script import (
@@ -30,6 +31,8 @@ from ._script import (
 )
 
 __all__ = [
+    "CLI_BIN_ENV",
+    "CliCommand",
     "FAULT_HEADER",
     "Fault",
     "LatencyModel",
@@ -39,15 +42,18 @@ __all__ = [
     "RunningServer",
     "Script",
     "Step",
-    "StreamDropped",
     "Thinking",
     "ToolCall",
+    "ToolLoop",
     "UpstreamSim",
+    "claude_command",
+    "codex_command",
     "create_app",
     "digest_reply",
     "echo_reply",
     "estimate_tokens",
     "filler_text",
+    "find_cli",
     "last_user_text",
     "prompt_text",
     "prompt_tokens",
