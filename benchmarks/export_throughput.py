@@ -48,7 +48,7 @@ def make_run(data: Path, events: Path, copies: int) -> None:
     """``copies`` × the tau-bench runs as one event log (new episode and group ids)."""
     import orjson
 
-    from agentcompact.trajectory._importers import import_trajectories
+    from agentcompact.trajectory import import_trajectories
 
     with tempfile.TemporaryDirectory() as tmp:
         once = Path(tmp) / "events.jsonl"

@@ -40,8 +40,7 @@ from cliffcompaction import dialects as cc_dialects
 from cliffcompaction.config import Config
 from cliffcompaction.engine import Engine as CliffEngine
 
-from agentcompact import Budget, Engine, get_dialect
-from agentcompact._archive import MemoryArchive
+from agentcompact import Budget, Engine, MemoryArchive, get_dialect
 from agentcompact._cachecost import CacheCost
 from agentcompact._tokens import MessageMeter, TiktokenCounter
 from agentcompact.replay import extract_items

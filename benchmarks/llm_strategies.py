@@ -41,8 +41,7 @@ from typing import Any
 
 import openai  # imported up front so its import time is not in the timings
 
-from agentcompact import Engine, SummaryCall, hookimpl, new_plugin_manager
-from agentcompact._background import BackgroundCompactor
+from agentcompact import BackgroundCompactor, Engine, SummaryCall, hookimpl, new_plugin_manager
 from agentcompact.testing import (
     LatencyModel,
     Reply,

@@ -36,7 +36,7 @@ import httpx  # noqa: E402 - after the offline tiktoken setting
 import orjson  # noqa: E402
 import proxy_latency  # noqa: E402 - the server roles, in their own processes
 
-from agentcompact.trajectory._loaders import load  # noqa: E402
+from agentcompact.trajectory import load  # noqa: E402
 
 SESSION = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
            / "claude-code" / "258c7280-ae70-4798-800f-63464d01a85d.jsonl")

@@ -296,7 +296,7 @@ def rewrite_from_imports(text: str, rel: str, in_package: bool) -> tuple[str, li
         if note:
             line = text.count("\n", 0, m.start()) + 1
             problems.append(f"{rel}:{line}: {note}")
-        if not in_package and new_abs != absolute:
+        if not in_package:
             public = _public_parent(new_abs, names_text)
             if public:
                 new_abs = public

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agentcompact import (
+    DEFAULT_TARGET_SHARE,
     Budget,
     CompactionEvent,
     Engine,
@@ -22,7 +23,6 @@ from agentcompact import (
     new_plugin_manager,
     validate,
 )
-from agentcompact._budget import DEFAULT_TARGET_SHARE
 from agentcompact._turns import thinking_loop_error
 from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.errors import DialectError

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agentcompact import expand, expand_text, search_dropped
 from agentcompact._archive import (
     ArchivedItem,
     MemoryArchive,
@@ -20,7 +21,6 @@ from agentcompact._archive import (
     is_handle,
     open_archive,
 )
-from agentcompact._expand import expand, expand_text, search_dropped
 from agentcompact.errors import ArchiveError, ConfigError
 
 TEXT = "".join(f"{i:05d} ünïcode \U0001f600 line\n" for i in range(3_000))

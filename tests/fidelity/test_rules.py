@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Budget, Engine, new_plugin_manager
+from agentcompact import Budget, Engine, expand, new_plugin_manager
 from agentcompact._archive import MemoryArchive, handle_of
-from agentcompact._expand import expand
 from agentcompact.plugins.rules import PLUGIN_NAME, is_rule
 from tests.core.histories import build
 

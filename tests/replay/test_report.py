@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcompact.replay import replay
-from agentcompact.replay._report import render_html, write_html
+from agentcompact.replay import render_html, replay, write_html
 from agentcompact.trajectory import Trajectory
 
 from .test_figures import SESSION, WordCounter

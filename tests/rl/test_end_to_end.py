@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("pyarrow")
 transformers = pytest.importorskip("transformers")
 
-from agentcompact._events import EpisodeEnd  # noqa: E402
+from agentcompact import EpisodeEnd  # noqa: E402
 from agentcompact.rl.ppo import policy_loss_from_hidden  # noqa: E402
 from agentcompact.rl.torch_data import collate  # noqa: E402
 from agentcompact.trajectory._export_cli import main as export_main  # noqa: E402

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Engine, validate
-from agentcompact._background import BackgroundCompactor
+from agentcompact import BackgroundCompactor, Engine, validate
 from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
 from agentcompact.errors import ConfigError
 from agentcompact.testing import Fault, LatencyModel, Script, digest_reply

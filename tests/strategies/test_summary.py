@@ -10,7 +10,7 @@ import pytest
 from agentcompact import Engine, hookimpl, validate
 from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
 from agentcompact.errors import ConfigError
-from agentcompact.strategies._summary import SummaryStrategy
+from agentcompact.strategies import SummaryStrategy
 from agentcompact.testing import Fault, LatencyModel, Reply, Script
 
 from .conftest import assert_clean_prompts, client, grow, history, prompt_of, text_of

@@ -14,9 +14,9 @@ import pytest
 
 from agentcompact import EpisodeEnd
 from agentcompact.errors import ConfigError, ExportError
-from agentcompact.rl._schema import SegmentRowError, read_rows, write_parquet
+from agentcompact.rl import SegmentRowError, read_rows, write_parquet
+from agentcompact.trajectory import import_trajectories
 from agentcompact.trajectory._export_cli import main
-from agentcompact.trajectory._importers import import_trajectories
 from agentcompact.trajectory._tokenize import ChatTokenizer
 from agentcompact.trajectory.export import (
     ExportOptions,

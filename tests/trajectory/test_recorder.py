@@ -18,7 +18,7 @@ import pytest
 from agentcompact import ModelCall
 from agentcompact.errors import TornLineError, TrajectoryError
 from agentcompact.plugins.recorder import Recorder
-from agentcompact.trajectory._events_log import read_events
+from agentcompact.trajectory import read_events
 from agentcompact.trajectory.export import ExportOptions, export_runs
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 
