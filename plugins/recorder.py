@@ -9,7 +9,7 @@ compaction and episode end reported through the RL logging hooks becomes one JSO
 Crash safety: each line is written by a single ``os.write`` of the whole encoded line on a
 file descriptor opened with ``O_APPEND``, under a lock, so concurrent threads never
 interleave and a process killed at any instant leaves every earlier line intact and at
-most the line being written cut short. ``agentcompact.trajectory._events_log.read_events``
+most the line being written cut short. ``agentcompact.trajectory.read_events``
 reports such a torn last line instead of failing. There is no user-space buffer to flush;
 ``fsync=True`` additionally forces every line to stable storage (survives a power loss,
 costs a disk round trip per event).

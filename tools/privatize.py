@@ -20,7 +20,9 @@ What it does:
    hookspecs`` -> ``from . import _hookspecs as hookspecs``) and file paths
    (``integrations/proxy/app.py``). Outside the package (tests, benchmarks, docs, README) a
    ``from <private module> import names`` whose names the public parent package exports is
-   written ``from <public package> import names``.
+   written ``from <public package> import names``; in docs, a private dotted path in prose
+   becomes the public name (``agentcompact.rl._schema.read_rows`` -> ``agentcompact.rl.read_rows``)
+   or, for a bare module, its source file (``agentcompact._events`` -> ``core/_events.py``).
 3. Re-sorts the imports of the rewritten files (``ruff check --fix --select I``; run it with
    an interpreter that has ruff).
 4. Prints each line it could not rewrite safely (``from agentcompact.integrations import
@@ -406,6 +408,47 @@ PATH_RE = re.compile(r"(?<![\w/.])(" + "|".join(
     re.escape(p) for p in sorted(PATHS, key=len, reverse=True)) + r")(?![\w])")
 
 
+def publish_prose(text: str) -> str:
+    """In docs: a private dotted path becomes the public name when a public package exports
+    it (``agentcompact.rl._schema.read_rows`` -> ``agentcompact.rl.read_rows``), and a bare
+    private module its source file (``agentcompact._events`` -> ``core/_events.py``)."""
+    known = known_modules()
+
+    def sub(m: re.Match[str]) -> str:
+        dotted = m.group(0)
+        parts = dotted.split(".")
+        if not any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+            return dotted
+        if _module_context(text, m):
+            return dotted
+        n = max((k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in known),
+                default=0)
+        if n == 0:
+            return dotted
+        module, tail = ".".join(parts[:n]), parts[n:]
+        if tail:
+            for k in range(n - 1, 0, -1):
+                pkg = ".".join(parts[:k])
+                if not any(p.startswith("_") for p in parts[1:k]) and tail[0] in package_all(pkg):
+                    return ".".join([pkg, *tail])
+            return dotted
+        return source_path(module) or dotted
+
+    return DOTTED.sub(sub, text)
+
+
+def source_path(module: str) -> str | None:
+    for folder, pkg in sorted(PACKAGE_DIRS.items(), key=lambda kv: -len(kv[1])):
+        if module == pkg or module.startswith(pkg + "."):
+            rel = module[len(pkg):].lstrip(".").replace(".", "/")
+            base = f"{folder}/{rel}" if rel else folder
+            if (ROOT / f"{base}.py").exists():
+                return f"{base}.py"
+            if (ROOT / base / "__init__.py").exists():
+                return f"{base}/"
+    return None
+
+
 def rewrite_paths(text: str) -> str:
     return PATH_RE.sub(lambda m: PATHS[m.group(1)], text)
 
@@ -432,6 +475,8 @@ def rewrite_file(path: Path) -> tuple[str, str, list[str]]:
     if path.suffix in (".py", ".md"):
         new, problems = rewrite_from_imports(new, rel, in_package)
     new = rewrite_dotted(new)
+    if path.suffix == ".md":
+        new = publish_prose(new)
     new = rewrite_paths(new)
     for i, line in enumerate(new.splitlines(), 1):
         for old in MOVED_PACKAGES:

@@ -1,17 +1,20 @@
 """RL training data: the segment-row schema, advantages, GAE, loss aggregation, adapters.
 
-Import the pieces from their modules; the numpy-only parts are re-exported here::
+The numpy parts (private modules ``_schema``, ``_advantages``, ``_gae``, ``_loss``) are
+re-exported here::
 
     from agentcompact.rl import grpo_advantages, broadcast_to_segments, validate_rows
 
-* :mod:`agentcompact.rl._schema` — ``SEGMENT_SCHEMA``, ``EPISODE_SCHEMA``, ``validate_rows``,
-  JSONL / Parquet readers and writers (pyarrow; ``export`` extra).
-* :mod:`agentcompact.rl._advantages` — GRPO / Dr.GRPO / RLOO over episodes, broadcasting.
-* :mod:`agentcompact.rl.gae` — verl GAE, chain and truncated-chain GAE, whitening.
-* :mod:`agentcompact.rl._loss` — the five aggregation modes as per-token weights (numpy).
-* :mod:`agentcompact.rl.torch_data` — ``SegmentDataset``, ``collate``, ``policy_loss``
-  (torch; ``rl`` extra) — not imported here, so this package works without torch.
-* :mod:`agentcompact.rl.adapters` — verl / TRL / SkyRL layouts (torch).
+the row schema (``SEGMENT_SCHEMA``, ``EPISODE_SCHEMA``, ``validate_rows``, ``read_rows``,
+JSONL / Parquet writers; pyarrow, ``export`` extra), GRPO / Dr.GRPO / RLOO over episodes,
+verl GAE, chain and truncated-chain GAE, whitening, and the five aggregation modes as
+per-token weights. The torch pieces are public modules of their own, not imported here, so
+this package works without torch:
+
+* :mod:`agentcompact.rl.torch_data` — ``SegmentDataset``, ``collate`` (``rl`` extra).
+* :mod:`agentcompact.rl.ppo` — ``policy_loss``, ``policy_loss_from_hidden``, ``collate_step``.
+* :mod:`agentcompact.rl.logprobs`, :mod:`agentcompact.rl.recompute` — log-probabilities.
+* :mod:`agentcompact.rl.adapters` — verl / TRL / SkyRL layouts; :mod:`agentcompact.rl.trl`.
 
 The math, with worked numbers, is in ``docs/rl-math.md``.
 """
