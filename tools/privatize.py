@@ -25,6 +25,8 @@ What it does:
    or, for a bare module, its source file (``agentcompact._events`` -> ``core/_events.py``).
 3. Re-sorts the imports of the rewritten files (``ruff check --fix --select I``; run it with
    an interpreter that has ruff).
+Lines containing ``privatize: keep`` are never rewritten.
+
 4. Prints each line it could not rewrite safely (``from agentcompact.integrations import
    upstream_sim``-style imports of a moved folder) for a hand fix.
 """
@@ -86,6 +88,7 @@ SCAN = ["core", "plugins", "integrations", "tests", "benchmarks", "docs", "tools
         "pyproject.toml", "tox.ini", ".ci/run"]
 SUFFIXES = {".py", ".md", ".toml", ".ini", ".txt", ".cfg", ".yml", ".yaml", ".sh"}
 PACKAGE_ROOTS = ("core", "plugins", "integrations")
+KEEP = "privatize: keep"
 
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 DOTTED = re.compile(rf"(?<![\w.])agentcompact(?:\.{IDENT})+")
@@ -470,7 +473,12 @@ def scan_files() -> list[Path]:
 def rewrite_file(path: Path) -> tuple[str, str, list[str]]:
     rel = path.relative_to(ROOT).as_posix()
     text = path.read_text()
-    new, problems = text, []
+    # lines marked "privatize: keep" (e.g. a doc naming the old path on purpose) stay as
+    # they are: set aside behind placeholders, put back after the rewrite
+    kept = [line for line in text.split("\n") if KEEP in line]
+    new = "\n".join(f"\0{KEEP}{i}\0" if KEEP in line else line
+                     for i, line in enumerate(text.split("\n")))
+    problems: list[str] = []
     in_package = rel.split("/")[0] in PACKAGE_ROOTS and path.suffix == ".py"
     if path.suffix in (".py", ".md"):
         new, problems = rewrite_from_imports(new, rel, in_package)
@@ -478,6 +486,8 @@ def rewrite_file(path: Path) -> tuple[str, str, list[str]]:
     if path.suffix == ".md":
         new = publish_prose(new)
     new = rewrite_paths(new)
+    marks = iter(kept)
+    new = re.sub(f"\0{KEEP}\\d+\0", lambda _: next(marks), new)
     for i, line in enumerate(new.splitlines(), 1):
         for old in MOVED_PACKAGES:
             parent, _, name = old.rpartition(".")
@@ -497,7 +507,8 @@ def report() -> None:
             (priv if any(p.startswith("_") for p in mod.split(".")) else pub).append(mod)
     for mod in pub:
         names += len(package_all(mod)) if _is_package(mod) else len(_module_all(mod))
-    print(f"public modules: {len(pub)}  private modules: {len(priv)}  "
+    packages = sum(1 for mod in pub if _is_package(mod))
+    print(f"public modules: {len(pub)} ({packages} packages)  private modules: {len(priv)}  "
           f"names in public __all__s: {names}")
     for mod in pub:
         print("  public", mod)
