@@ -15,6 +15,8 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,5 +194,16 @@ def test_private_modules_are_not_listed_in_public_alls() -> None:
 
 def test_the_simulator_runs_under_its_new_name() -> None:
     """The test tool is ``agentcompact.testing``; ``python -m agentcompact.testing`` serves it."""
-    assert (MODULES["agentcompact.testing.__main__"]).exists()
     assert not (ROOTS["agentcompact.integrations"] / "upstream_sim").exists()
+    pytest.importorskip("uvicorn")
+    done = subprocess.run([sys.executable, "-m", "agentcompact.testing", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: python -m agentcompact.testing")
+
+
+def test_python_m_agentcompact_is_the_command() -> None:
+    done = subprocess.run([sys.executable, "-m", "agentcompact", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: agentcompact")
