@@ -23,9 +23,8 @@ from typing import Any
 import orjson
 import xxhash
 
-from agentcompact import Budget, Engine, StrategySettings, get_dialect
-from agentcompact.archive import ArchivedItem, MemoryArchive
-from agentcompact.trajectory.loaders import load
+from agentcompact import ArchivedItem, Budget, Engine, MemoryArchive, StrategySettings, get_dialect
+from agentcompact.trajectory import load
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
 SETS = (("claude-code", lambda: sorted((DATA / "claude-code").glob("*-*-*-*-*.jsonl")), 60_000),

@@ -36,9 +36,9 @@ from cliffcompaction.config import Config
 from cliffcompaction.engine import Engine as CliffEngine
 
 from agentcompact import Budget, Engine, ValidationError, get_dialect, validate
-from agentcompact.cachecost import CacheCost
-from agentcompact.tokens import MessageMeter, TiktokenCounter
-from agentcompact.trajectory.loaders import load
+from agentcompact._cachecost import CacheCost
+from agentcompact._tokens import MessageMeter, TiktokenCounter
+from agentcompact.trajectory import load
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
 CLAUDE = sorted((DATA / "claude-code").glob("*-*-*-*-*.jsonl"))

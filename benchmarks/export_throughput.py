@@ -48,7 +48,7 @@ def make_run(data: Path, events: Path, copies: int) -> None:
     """``copies`` × the tau-bench runs as one event log (new episode and group ids)."""
     import orjson
 
-    from agentcompact.trajectory.importers import import_trajectories
+    from agentcompact.trajectory import import_trajectories
 
     with tempfile.TemporaryDirectory() as tmp:
         once = Path(tmp) / "events.jsonl"
@@ -90,8 +90,8 @@ def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int,
     """Export ``repeat`` times (fresh folders, the tokenizer loaded once, outside the clock;
     worker processes started inside it). ``reuse=False``: without the reuse of repeated
     chunks' ids (``ChatTokenizer``). ``workers``: ``ExportOptions.workers``."""
+    from agentcompact.trajectory._tokenize import ChatTokenizer
     from agentcompact.trajectory.export import ExportOptions, export_runs
-    from agentcompact.trajectory.tokenize import ChatTokenizer
 
     tok = ChatTokenizer.from_pretrained(tokenizer)
     if not reuse:

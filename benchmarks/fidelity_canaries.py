@@ -15,7 +15,7 @@ is in the text of the context sent at the session's last call; for agentcompact 
 expand away* when it is in an archived original whose handle is in that context.
 
 Recall: at every call after the first compaction, the salient items of the next assistant
-message (``agentcompact.replay.recall``: paths, identifiers, commands, numbers, errors)
+message (``agentcompact.replay._recall``: paths, identifiers, commands, numbers, errors)
 that appeared earlier must be in the context sent ("in context"), or, for agentcompact, in
 an archived original whose handle is in it ("or one expand away").
 
@@ -41,12 +41,11 @@ from cliffcompaction import dialects as cc_dialects
 from cliffcompaction.config import Config
 from cliffcompaction.engine import Engine as CliffEngine
 
-from agentcompact import Budget, Engine, StrategySettings, get_dialect
-from agentcompact.archive import MemoryArchive
-from agentcompact.cachecost import CacheCost
-from agentcompact.replay.recall import extract_items
-from agentcompact.tokens import MessageMeter, TiktokenCounter
-from agentcompact.trajectory.loaders import load
+from agentcompact import Budget, Engine, MemoryArchive, StrategySettings, get_dialect
+from agentcompact._cachecost import CacheCost
+from agentcompact._tokens import MessageMeter, TiktokenCounter
+from agentcompact.replay import extract_items
+from agentcompact.trajectory import load
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
 CLAUDE = sorted((DATA / "claude-code").glob("*-*-*-*-*.jsonl"))

@@ -21,7 +21,7 @@ from llama_index.llms.openai_like import OpenAILike
 
 from agentcompact import Budget, Engine
 from agentcompact.integrations.llamaindex import CompactingMemory
-from agentcompact.integrations.upstream_sim import Reply, Script, UpstreamSim, filler_text, serve
+from agentcompact.testing import Reply, Script, UpstreamSim, filler_text, serve
 
 
 def read_file(path: str) -> str:

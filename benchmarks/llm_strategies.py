@@ -1,6 +1,6 @@
 """LLM strategies: parallel vs summary wall time, and background compaction's stall.
 
-Both run against ``agentcompact.integrations.upstream_sim`` on loopback (real HTTP through
+Both run against ``agentcompact.testing`` on loopback (real HTTP through
 the ``openai`` SDK), whose latency model charges each request ``ttft + input/prefill_rate``
 then ``output/decode_rate``, concurrent requests overlapping as on a real server. Replies
 are long filler text cut by each request's ``max_tokens``, so every request decodes its
@@ -41,9 +41,16 @@ from typing import Any
 
 import openai  # imported up front so its import time is not in the timings
 
-from agentcompact import Budget, Engine, StrategySettings, SummaryCall, hookimpl, new_plugin_manager
-from agentcompact.background import BackgroundCompactor
-from agentcompact.integrations.upstream_sim import (
+from agentcompact import (
+    BackgroundCompactor,
+    Budget,
+    Engine,
+    StrategySettings,
+    SummaryCall,
+    hookimpl,
+    new_plugin_manager,
+)
+from agentcompact.testing import (
     LatencyModel,
     Reply,
     Script,

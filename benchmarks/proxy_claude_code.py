@@ -42,7 +42,7 @@ import httpx  # noqa: E402 - after the offline tiktoken setting
 import orjson  # noqa: E402
 import proxy_latency  # noqa: E402 - the server roles, in their own processes
 
-from agentcompact.trajectory.loaders import load  # noqa: E402
+from agentcompact.trajectory import load  # noqa: E402
 
 SESSION = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
            / "claude-code" / "258c7280-ae70-4798-800f-63464d01a85d.jsonl")
@@ -146,8 +146,8 @@ def work(full: list[dict[str, Any]], points: list[int], warmup: int, trigger: in
          ) -> dict[str, float]:
     """agentcompact's own per-request work, in process (no HTTP), p50 and p99."""
     from agentcompact.integrations.proxy import ProxyConfig
-    from agentcompact.integrations.proxy.app import CompactionProxy, _Plan
-    from agentcompact.integrations.proxy.observe import ExchangeLog
+    from agentcompact.integrations.proxy._app import CompactionProxy, _Plan
+    from agentcompact.integrations.proxy._observe import ExchangeLog
 
     proxy = CompactionProxy(ProxyConfig(trigger=trigger, log_requests=False))
     times: list[float] = []

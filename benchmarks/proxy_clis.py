@@ -28,13 +28,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson  # noqa: E402
 
-from agentcompact.cachecost import CacheCost  # noqa: E402
-from agentcompact.dialects import AnthropicDialect, OpenAIResponsesDialect  # noqa: E402
-from agentcompact.dialects.base import Dialect, digest_of  # noqa: E402
+from agentcompact import validate  # noqa: E402
+from agentcompact._cachecost import CacheCost  # noqa: E402
+from agentcompact.dialects import (  # noqa: E402
+    AnthropicDialect,
+    Dialect,
+    OpenAIResponsesDialect,
+    digest_of,
+)
 from agentcompact.errors import ValidationError  # noqa: E402
-from agentcompact.integrations.proxy.observe import redact_json  # noqa: E402
-from agentcompact.integrations.upstream_sim.clis import find_cli  # noqa: E402
-from agentcompact.turns import validate  # noqa: E402
+from agentcompact.integrations.proxy._observe import redact_json  # noqa: E402
+from agentcompact.testing import find_cli  # noqa: E402
 from tests.clis.harness import CliRun, run_cli  # noqa: E402 - the tests' own driver
 
 SESSIONS = [("claude", None), ("claude", "claude-sonnet-4-5"),

@@ -1,6 +1,6 @@
 """Added latency of the agentcompact proxy vs CliffCompaction's proxy, side by side.
 
-One local upstream (``agentcompact.integrations.upstream_sim``, answering instantly), and
+One local upstream (``agentcompact.testing``, answering instantly), and
 in front of it a bare relay and both proxies, each served by uvicorn on loopback in its own
 process, so no server shares a GIL with another or with the measuring client. Every server
 of a run gets the same uvicorn settings; by default the whole run is done twice:
@@ -49,7 +49,7 @@ import httpx  # noqa: E402 - after the offline tiktoken setting
 import orjson  # noqa: E402
 
 from agentcompact.integrations.proxy import ProxyConfig, create_app  # noqa: E402
-from agentcompact.integrations.upstream_sim import UpstreamSim, filler_text  # noqa: E402
+from agentcompact.testing import UpstreamSim, filler_text  # noqa: E402
 
 TURN_TOKENS = 1000
 SERVERS_DEFAULT = ("h11", "asyncio")
@@ -334,8 +334,8 @@ def work_p50_ms(size: int, regime: str, steps: int, warmup: int) -> float:
     benchmark's session (plain and streamed body each step) through the proxy's request
     preparation (parse what is new, session key, engine, encode). The rest of ``ours+``
     is the HTTP hop."""
-    from agentcompact.integrations.proxy.app import CompactionProxy, _Plan
-    from agentcompact.integrations.proxy.observe import ExchangeLog
+    from agentcompact.integrations.proxy._app import CompactionProxy, _Plan
+    from agentcompact.integrations.proxy._observe import ExchangeLog
 
     n0 = size // TURN_TOKENS
     trigger = size * 4 if regime == "under" else int(size * 0.8)

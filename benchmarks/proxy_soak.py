@@ -28,9 +28,9 @@ os.environ.setdefault("TIKTOKEN_CACHE_DIR", "/work/shared/data/tiktoken")
 import httpx  # noqa: E402 - after the offline tiktoken setting
 import orjson  # noqa: E402
 
-from agentcompact.integrations.proxy.reassemble import iter_sse  # noqa: E402
-from agentcompact.integrations.upstream_sim import filler_text  # noqa: E402
-from agentcompact.integrations.upstream_sim.script import split_tokens  # noqa: E402
+from agentcompact.integrations.proxy._reassemble import iter_sse  # noqa: E402
+from agentcompact.testing import filler_text  # noqa: E402
+from agentcompact.testing._script import split_tokens  # noqa: E402
 
 PATHS = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="proxy trigger in tokens (small, so sessions get compacted)")
     args = parser.parse_args(argv)
     sim_port, proxy_port = free_port(), free_port()
-    sim = spawn(["agentcompact.integrations.upstream_sim", "--port", str(sim_port),
+    sim = spawn(["agentcompact.testing", "--port", str(sim_port),
                  "--decode", str(args.decode)], sim_port)
     upstream = f"http://127.0.0.1:{sim_port}"
     proxy = spawn(["agentcompact.integrations.proxy", "--port", str(proxy_port), "--quiet",

@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from agentcompact.trajectory import export as _export
+    from agentcompact.trajectory._tokenize import ChatTokenizer
     from agentcompact.trajectory.export import ExportOptions, export_runs
     from agentcompact.trajectory.ray_export import export_runs_ray
-    from agentcompact.trajectory.tokenize import ChatTokenizer
 
     tok = ChatTokenizer.from_pretrained(QWEN)
     with tempfile.TemporaryDirectory() as tmpdir:

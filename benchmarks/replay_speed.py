@@ -26,12 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("AGENTCOMPACT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(DATA / "tiktoken"))
 
-from agentcompact.dialects.base import Dialect  # noqa: E402  (after the env is set)
-from agentcompact.pluginmanager import get_dialect, get_plugin_manager  # noqa: E402
+from agentcompact import TiktokenCounter, get_dialect, get_plugin_manager  # noqa: E402
+from agentcompact.dialects import Dialect  # noqa: E402  (after the env is set)
 from agentcompact.replay import replay  # noqa: E402
-from agentcompact.replay.baselines import ContenderSettings, unavailable_reason  # noqa: E402
-from agentcompact.tokens import TiktokenCounter  # noqa: E402
-from agentcompact.trajectory.loaders import Trajectory, load  # noqa: E402
+from agentcompact.replay._baselines import ContenderSettings, unavailable_reason  # noqa: E402
+from agentcompact.trajectory import Trajectory, load  # noqa: E402
 
 SESSIONS = ("258c7280-ae70-4798-800f-63464d01a85d.jsonl",
             "fa812bfe-b295-4cca-9c2f-fdf01028cb46.jsonl",

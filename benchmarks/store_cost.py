@@ -52,12 +52,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentcompact import Budget, Engine, StrategySettings, get_dialect
-from agentcompact.archive import MemoryArchive, SharedArchive
-from agentcompact.integrations.proxy.speculation import Speculation
-from agentcompact.store import PrefixEntry, PrefixStore
+from agentcompact import Budget, Engine, PrefixEntry, PrefixStore, StrategySettings, get_dialect
+from agentcompact._archive import MemoryArchive, SharedArchive
+from agentcompact.integrations.proxy._speculation import Speculation
 from agentcompact.stores import backend_from_url, store_from_url
-from agentcompact.trajectory.loaders import load
+from agentcompact.trajectory import load
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
 CLAUDE = sorted((DATA / "claude-code").glob("*-*-*-*-*.jsonl"))
@@ -260,7 +259,7 @@ def proxy_restart_share(sessions_: list[list[Any]], every: int, after: int, coun
                         tmp: str) -> None:
     """``restart_share`` through real proxy processes with their default store."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.scale.proxies
-    from agentcompact.integrations.upstream_sim import Script, UpstreamSim, serve
+    from agentcompact.testing import Script, UpstreamSim, serve
     from tests.scale.proxies import ProxyProcess, send
 
     calls = iter(range(1 << 30))
@@ -312,7 +311,7 @@ def sampled_summarizer() -> Iterator[dict[str, Any]]:
     an LLM sampling at a temperature does."""
     import itertools
 
-    from agentcompact.integrations.upstream_sim import Script, UpstreamSim, serve
+    from agentcompact.testing import Script, UpstreamSim, serve
 
     calls = itertools.count()
 
@@ -334,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     if not CLAUDE:
         print(f"no Claude Code sessions under {DATA}", file=sys.stderr)
         return 1
-    from agentcompact.tokens import make_counter
+    from agentcompact._tokens import make_counter
 
     counter = make_counter("tiktoken")
     data = sessions()

@@ -12,35 +12,54 @@ The tour::
 
 from __future__ import annotations
 
-from .budget import Budget
-from .dialects.base import Dialect, Part
-from .engine import CompactionResult, Engine
+from ._archive import Archive, ArchivedItem, MemoryArchive, SQLiteArchive, open_archive
+from ._background import BackgroundCompactor, BackgroundStats
+from ._budget import DEFAULT_TARGET_SHARE, Budget
+from ._engine import CompactionResult, Engine
+from ._events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, SummaryCall
+from ._expand import ExpandPage, SearchHit, expand, expand_text, search_dropped
+from ._hookspecs import hookimpl, hookspec
+from ._logging_hooks import log_episode_end, log_model_call, log_summary_call
+from ._pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
+from ._redact import redact
+from ._settings import StrategySettings
+from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore
+from ._summarizer import Summarizer, SummaryOutput
+from ._tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter
+from ._turns import Turns, split_turns, validate
+from .dialects._base import Dialect, Part
 from .errors import (
     AgentCompactError,
+    ArchiveError,
     CompactionError,
     ConfigError,
     DialectError,
+    ExportError,
     OverBudgetError,
     PluginError,
+    ProxyError,
+    SegmentRowError,
+    StoreError,
     SummarizerError,
+    SummarizerOverflow,
     TokenizerError,
+    TornLineError,
     TrajectoryError,
+    UpstreamDropped,
+    UpstreamError,
     ValidationError,
 )
-from .events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, SummaryCall
-from .hookspecs import hookimpl, hookspec
-from .logging_hooks import log_episode_end, log_model_call, log_summary_call
-from .pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
-from .settings import StrategySettings
-from .store import InMemoryPrefixStore, PrefixEntry, PrefixStore
-from .strategies.base import CompactionRequest, Rendered, Strategy
-from .tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter
-from .turns import Turns, split_turns, validate
+from .strategies._base import CompactionRequest, Rendered, Strategy
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AgentCompactError",
+    "Archive",
+    "ArchiveError",
+    "ArchivedItem",
+    "BackgroundCompactor",
+    "BackgroundStats",
     "Budget",
     "CharEstimateCounter",
     "CompactionError",
@@ -48,31 +67,48 @@ __all__ = [
     "CompactionRequest",
     "CompactionResult",
     "ConfigError",
+    "DEFAULT_TARGET_SHARE",
     "Dialect",
     "DialectError",
     "DroppedItem",
     "Engine",
     "EpisodeEnd",
+    "ExpandPage",
+    "ExportError",
     "HFTokenizerCounter",
     "InMemoryPrefixStore",
+    "MemoryArchive",
     "ModelCall",
     "OverBudgetError",
     "Part",
     "PluginError",
     "PrefixEntry",
     "PrefixStore",
+    "ProxyError",
     "Rendered",
+    "SQLiteArchive",
+    "SearchHit",
+    "SegmentRowError",
+    "StoreError",
     "Strategy",
     "StrategySettings",
+    "Summarizer",
     "SummarizerError",
+    "SummarizerOverflow",
     "SummaryCall",
+    "SummaryOutput",
     "TiktokenCounter",
     "TokenCounter",
     "TokenizerError",
+    "TornLineError",
     "TrajectoryError",
     "Turns",
+    "UpstreamDropped",
+    "UpstreamError",
     "ValidationError",
     "__version__",
+    "expand",
+    "expand_text",
     "get_dialect",
     "get_plugin_manager",
     "hookimpl",
@@ -81,6 +117,9 @@ __all__ = [
     "log_model_call",
     "log_summary_call",
     "new_plugin_manager",
+    "open_archive",
+    "redact",
+    "search_dropped",
     "split_turns",
     "validate",
 ]

@@ -133,7 +133,7 @@ class ExportError(AgentCompactError, ValueError):
 class SegmentRowError(ExportError):
     """Segment rows break the ``agentcompact-traj/1`` invariants.
 
-    ``problems`` lists every ``agentcompact.rl.schema.RowProblem`` found; ``index`` is the
+    ``problems`` lists every ``agentcompact.rl._schema.RowProblem`` found; ``index`` is the
     first bad row.
     """
 

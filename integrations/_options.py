@@ -9,11 +9,11 @@ from typing import Any
 
 import pluggy
 
-from ..budget import Budget
-from ..dialects.base import Dialect
-from ..engine import Engine
+from .._budget import Budget
+from .._engine import Engine
+from .._settings import StrategySettings
+from ..dialects._base import Dialect
 from ..errors import ConfigError
-from ..settings import StrategySettings
 
 __all__ = ["engine_from_options", "check_engine"]
 

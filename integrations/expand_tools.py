@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..archive import Archive, open_archive
+from .._archive import Archive, open_archive
+from .._expand import DEFAULT_PAGE_CHARS, expand_text, search_text
 from ..errors import ConfigError
-from ..expand import DEFAULT_PAGE_CHARS, expand_text, search_text
 
 __all__ = [
     "EXPAND_DESCRIPTION",

@@ -60,13 +60,13 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
-from ..budget import Budget
-from ..dialects.base import Dialect, Part, head_tail
-from ..engine import CompactionResult, Engine
+from .._budget import Budget
+from .._engine import CompactionResult, Engine
+from .._events import ModelCall, new_id
+from .._hookspecs import hookimpl
+from .._logging_hooks import log_model_call
+from ..dialects._base import Dialect, Part, head_tail
 from ..errors import ConfigError, DialectError, ValidationError
-from ..events import ModelCall, new_id
-from ..hookspecs import hookimpl
-from ..logging_hooks import log_model_call
 from ._options import check_engine, engine_from_options
 
 __all__ = [

@@ -43,12 +43,12 @@ from typing import Any
 import orjson
 import pluggy
 
-from ..engine import CompactionResult, Engine
+from .._engine import CompactionResult, Engine
+from .._events import ModelCall, new_id
+from .._logging_hooks import log_model_call
 from ..errors import ConfigError, DialectError
-from ..events import ModelCall, new_id
-from ..logging_hooks import log_model_call
 from ._options import engine_from_options
-from .proxy.reassemble import Reassembled, from_body, reassembler
+from .proxy._reassemble import Reassembled, from_body, reassembler
 
 __all__ = ["CompactedClient", "Session", "compact"]
 

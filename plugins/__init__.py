@@ -1,12 +1,12 @@
 """First-party plugins built only on the public hooks (the trajectory recorder, …).
 
-The plugin manager lives in ``agentcompact.pluginmanager``; its public functions are
-re-exported here so ``from agentcompact.plugins import get_plugin_manager`` works too.
+The plugin manager's public functions are re-exported here (and from ``agentcompact``), so
+``from agentcompact.plugins import get_plugin_manager`` works.
 """
 
 from __future__ import annotations
 
-from agentcompact.pluginmanager import (
+from agentcompact._pluginmanager import (
     get_dialect,
     get_plugin_manager,
     get_strategy_factory,

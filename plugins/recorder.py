@@ -9,7 +9,7 @@ compaction and episode end reported through the RL logging hooks becomes one JSO
 Crash safety: each line is written by a single ``os.write`` of the whole encoded line on a
 file descriptor opened with ``O_APPEND``, under a lock, so concurrent threads never
 interleave and a process killed at any instant leaves every earlier line intact and at
-most the line being written cut short. ``agentcompact.trajectory.events_log.read_events``
+most the line being written cut short. ``agentcompact.trajectory.read_events``
 reports such a torn last line instead of failing. There is no user-space buffer to flush;
 ``fsync=True`` additionally forces every line to stable storage (survives a power loss,
 costs a disk round trip per event).
@@ -19,7 +19,7 @@ line), the new recorder first writes a newline, so its ``run_start`` starts a li
 own; the reader skips a torn line that a ``run_start`` follows.
 
 Privacy: the folder is created ``0700`` and the log ``0600`` (an existing log is narrowed
-to ``0600``); every event is passed through :func:`agentcompact.redact.redact` (secret-keyed
+to ``0600``); every event is passed through :func:`agentcompact._redact.redact` (secret-keyed
 fields such as ``api_key``, ``authorization``, ``account_id`` are replaced) before it is
 written.
 """
@@ -34,10 +34,10 @@ from typing import Any
 
 import orjson
 
+from agentcompact._events import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall, new_id
+from agentcompact._hookspecs import hookimpl
+from agentcompact._redact import redact
 from agentcompact.errors import TrajectoryError
-from agentcompact.events import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall, new_id
-from agentcompact.hookspecs import hookimpl
-from agentcompact.redact import redact
 
 __all__ = ["EVENTS_FILE", "EVENTS_FORMAT", "Recorder"]
 

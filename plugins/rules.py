@@ -18,10 +18,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from agentcompact.hookspecs import hookimpl
+from agentcompact._hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from agentcompact.dialects.base import Dialect
+    from agentcompact.dialects._base import Dialect
 
 __all__ = ["MAX_CHARS", "PLUGIN_NAME", "RULE_PATTERN", "agentcompact_pin", "is_rule"]
 

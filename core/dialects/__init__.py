@@ -6,10 +6,10 @@ their own); the built-in ones are importable here too.
 
 from __future__ import annotations
 
-from .anthropic import AnthropicDialect
-from .base import Dialect, Part, digest_of, head_tail
-from .openai_chat import OpenAIChatDialect
-from .openai_responses import OpenAIResponsesDialect
+from ._anthropic import AnthropicDialect
+from ._base import Dialect, Part, digest_of, head_tail
+from ._openai_chat import OpenAIChatDialect
+from ._openai_responses import OpenAIResponsesDialect
 
 __all__ = [
     "AnthropicDialect",

@@ -7,7 +7,7 @@ time, needed-context recall and a record of what each compaction dropped.
 
 from __future__ import annotations
 
-from .baselines import (
+from ._baselines import (
     BASELINES,
     LLM_STRATEGIES,
     CliffCompactionContender,
@@ -18,9 +18,10 @@ from .baselines import (
     Sent,
     SlidingWindow,
 )
-from .pricing import PRICES, ModelPrice, call_cost, resolve_price
-from .recall import SALIENT_PATTERNS, ItemIndex, RecallCount, extract_items
-from .replay import (
+from ._cli import load_sessions
+from ._pricing import PRICES, ModelPrice, call_cost, resolve_price
+from ._recall import SALIENT_PATTERNS, ItemIndex, RecallCount, extract_items
+from ._replay import (
     CompactionRecord,
     ReplayReport,
     SharedCounter,
@@ -30,12 +31,10 @@ from .replay import (
     replay,
     replay_trajectory,
 )
+from ._report import render_html, write_html
 
 __all__ = [
     "BASELINES",
-    "LLM_STRATEGIES",
-    "PRICES",
-    "SALIENT_PATTERNS",
     "CliffCompactionContender",
     "CompactionRecord",
     "Contender",
@@ -43,9 +42,12 @@ __all__ = [
     "EngineContender",
     "FullHistory",
     "ItemIndex",
+    "LLM_STRATEGIES",
     "ModelPrice",
+    "PRICES",
     "RecallCount",
     "ReplayReport",
+    "SALIENT_PATTERNS",
     "Sent",
     "SharedCounter",
     "SlidingWindow",
@@ -54,7 +56,10 @@ __all__ = [
     "call_cost",
     "count_calls",
     "extract_items",
+    "load_sessions",
+    "render_html",
     "replay",
     "replay_trajectory",
     "resolve_price",
+    "write_html",
 ]

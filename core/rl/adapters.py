@@ -8,7 +8,7 @@
 * :func:`to_skyrl` — a SkyRL ``GeneratorOutput``-shaped dict with step-wise trajectories.
 
 Everywhere, the loss mask is ``response_mask · (1 − mask_episode)``: trainers know nothing of
-``mask_episode``. Rewards sit where verl expects them (:func:`agentcompact.rl.gae.token_rewards`):
+``mask_episode``. Rewards sit where verl expects them (:func:`agentcompact.rl._gae.token_rewards`):
 the episode reward on the last mask-1 token of the episode's last segment. **GRPO caveat:** a
 trainer that groups *rows* by ``uid`` and sums their rewards computes the wrong statistics
 for split episodes (docs/rl-math.md Example 3) — feed it the rows' precomputed
@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 import torch
 
 from agentcompact.errors import ExportError
-from agentcompact.rl.gae import token_rewards
-from agentcompact.rl.loss import effective_mask
+from agentcompact.rl._gae import token_rewards
+from agentcompact.rl._loss import effective_mask
 from agentcompact.rl.torch_data import Row, TokenValues, logprobs_known, pad_rows
 
 __all__ = [

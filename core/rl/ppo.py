@@ -31,13 +31,13 @@ from typing import Any, Literal
 import torch
 
 from agentcompact.errors import ConfigError, ExportError
+from agentcompact.rl._loss import denominator, effective_mask
 from agentcompact.rl.logprobs import (
     DEFAULT_TOKEN_CHUNK,
     DEFAULT_VOCAB_CHUNK,
     chosen_logprobs,
     chosen_logprobs_from_logits,
 )
-from agentcompact.rl.loss import denominator, effective_mask
 from agentcompact.rl.torch_data import Row, batch_token_weights, collate
 
 __all__ = [

@@ -29,8 +29,8 @@ from numpy.typing import NDArray
 from torch.utils.data import Dataset
 
 from agentcompact.errors import ExportError
-from agentcompact.rl.loss import effective_mask, token_weights, weights_for_rows
-from agentcompact.rl.schema import read_rows, validate_rows
+from agentcompact.rl._loss import effective_mask, token_weights, weights_for_rows
+from agentcompact.rl._schema import read_rows, validate_rows
 
 __all__ = [
     "SegmentDataset",
@@ -48,7 +48,7 @@ TokenValues = Sequence[float] | NDArray[Any]
 class SegmentDataset(Dataset[dict[str, Any]]):
     """Segment rows in memory, from a list or a ``.jsonl`` / ``.parquet`` file or shard folder.
 
-    Rows are validated (:func:`agentcompact.rl.schema.validate_rows`) unless
+    Rows are validated (:func:`agentcompact.rl._schema.validate_rows`) unless
     ``validate=False``; items are the row dicts, ready for :func:`collate`.
     """
 
@@ -85,7 +85,7 @@ def collate(
     """Pad segment rows into a training batch.
 
     :param pad_token_id: fills ``input_ids`` beyond each row.
-    :param mode: loss aggregation mode of ``token_weights`` (see :mod:`agentcompact.rl.loss`).
+    :param mode: loss aggregation mode of ``token_weights`` (see :mod:`agentcompact.rl._loss`).
     :param max_len: ``L_max`` for constant-norm (default: the longest response).
     :returns: ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask`` (as
         sampled), ``loss_mask`` (× (1 − mask_episode)), ``advantages``, ``old_logprobs``,

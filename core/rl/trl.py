@@ -38,8 +38,8 @@ import torch
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from agentcompact.errors import ConfigError, ExportError
+from agentcompact.rl._loss import effective_mask
 from agentcompact.rl.adapters import require_logprobs
-from agentcompact.rl.loss import effective_mask
 from agentcompact.rl.torch_data import Row, pad_rows
 
 __all__ = ["SegmentGRPOTrainer", "to_trl_episodes", "trl_batch"]

@@ -1,7 +1,7 @@
 """Prefix stores past one process: ``store_from_url`` and the shared backends.
 
 One URL names where the prefix store and the archive of dropped originals live
-(``agentcompact.archive.open_archive(url)``): they share the backend (one SQLite file,
+(``agentcompact._archive.open_archive(url)``): they share the backend (one SQLite file,
 one Redis server) under keys that never collide.
 
 =========================  ==================================================
@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
+from .._store import InMemoryPrefixStore, PrefixStore
 from ..errors import StoreError
-from ..store import InMemoryPrefixStore, PrefixStore
-from .codec import decode_entry, encode_entry
-from .shared import Backend, SharedPrefixStore
+from ._codec import decode_entry, encode_entry
+from ._shared import Backend, SharedPrefixStore
 
 __all__ = ["DEFAULT_STORE_FILE", "Backend", "SharedPrefixStore", "backend_from_url",
            "decode_entry", "default_state_dir", "default_store_url", "encode_entry",
@@ -66,7 +66,7 @@ def store_from_url(url: str) -> PrefixStore:
 
 def backend_from_url(url: str) -> tuple[Backend, dict[str, Any]]:
     """The backend a ``sqlite:`` or ``redis:`` URL names, and the ``SharedPrefixStore``
-    options in its query (the archive of the same URL, ``agentcompact.archive``, reads
+    options in its query (the archive of the same URL, ``agentcompact._archive``, reads
     ``retry_after``).
 
     :raises StoreError: as ``store_from_url``; ``memory:`` has no backend.
@@ -87,7 +87,7 @@ def backend_from_url(url: str) -> tuple[Backend, dict[str, Any]]:
 
 def _backend(scheme: str, base: str, query: dict[str, str]) -> Backend:
     if scheme == "sqlite":
-        from .sqlite_store import SQLiteBackend
+        from ._sqlite_store import SQLiteBackend
 
         path = base[len("sqlite:///"):] if base.startswith("sqlite:///") else ""
         unknown = sorted(set(query) - {"max_entries"})
@@ -97,7 +97,7 @@ def _backend(scheme: str, base: str, query: dict[str, str]) -> Backend:
             raise StoreError("sqlite store URL: write sqlite:///PATH (sqlite:////abs/path)")
         return SQLiteBackend(path, max_entries=int(query.get("max_entries", 100_000)))
     if scheme in ("redis", "rediss", "unix"):
-        from .redis_store import RedisBackend
+        from ._redis_store import RedisBackend
 
         return RedisBackend(base + ("?" + urlencode(query) if query else ""))
     raise StoreError(f"store URL scheme {scheme!r}: use memory:, sqlite:///PATH or "

@@ -5,7 +5,7 @@ group and a small per-episode index):
 
 1. *index*: every line is read once; per episode, the byte spans of its events, its group,
    its ``episode_end`` (reward, stop reason, trial). Group statistics for GRPO / Dr.GRPO /
-   RLOO are computed here, over episodes (``agentcompact.rl.advantages``).
+   RLOO are computed here, over episodes (``agentcompact.rl._advantages``).
 2. *stream*: group by group, episode by episode, the episode's events are read back by
    offset, cut into segments (``segments.build_segments``), turned into rows, given
    advantages and written. Segments of an episode and episodes of a group are contiguous,
@@ -45,20 +45,20 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._events import CompactionEvent, ModelCall, SummaryCall
 from ..errors import ConfigError, ExportError, TrajectoryError
-from ..events import CompactionEvent, ModelCall, SummaryCall
-from ..rl.advantages import (
+from ..rl._advantages import (
     broadcast_to_segments,
     drgrpo_advantages,
     grpo_advantages,
     rloo_advantages,
 )
-from ..rl.card import dataset_card
-from ..rl.gae import assign_gae
-from ..rl.schema import EPISODE_SCHEMA, SCHEMA_VERSION, STOP_REASONS, rows_to_table, to_float32
-from .events_log import EventReader, read_event_at
-from .segments import Segment, build_segments
-from .tokenize import ChatTokenizer
+from ..rl._card import dataset_card
+from ..rl._gae import assign_gae
+from ..rl._schema import EPISODE_SCHEMA, SCHEMA_VERSION, STOP_REASONS, rows_to_table, to_float32
+from ._events_log import EventReader, read_event_at
+from ._segments import Segment, build_segments
+from ._tokenize import ChatTokenizer
 
 __all__ = [
     "ADVANTAGES",
@@ -592,7 +592,7 @@ def _load_plugins() -> None:
     """Load the installed plugins (the dialects episodes are read with) in the exporting
     process before it forks: otherwise every worker loads them on its first episode
     (entry points scanned, plugin modules imported), about 0.1 s of CPU per worker."""
-    from ..pluginmanager import registry  # imported late, as segments.get_dialect does
+    from .._pluginmanager import registry  # imported late, as segments.get_dialect does
 
     registry().dialect_names()
 
@@ -669,7 +669,7 @@ class _Writer:
         self.files.append({"path": name, "rows": 0})
         path = self.out / name
         if self.opts.fmt == "parquet":
-            from ..rl.schema import SEGMENT_SCHEMA
+            from ..rl._schema import SEGMENT_SCHEMA
 
             self._shard = pq.ParquetWriter(str(path), SEGMENT_SCHEMA)
         else:
@@ -821,7 +821,7 @@ def export_runs(
     :param runs: recorded runs (folders holding ``events.jsonl``, or such files) and
         trajectory files / folders the loaders read (Claude Code, SWE-agent,
         mini-swe-agent, tau-bench, message lists), converted to events first
-        (``agentcompact.trajectory.importers``); an episode may not span two logs.
+        (``agentcompact.trajectory._importers``); an episode may not span two logs.
     :param out_dir: created if missing; existing segment files in it are an error.
     :param tokenizer: the trainer's tokenizer (name, path, or a ``ChatTokenizer``).
     :param keep_events: a folder to keep the events converted from trajectory files in
@@ -831,7 +831,7 @@ def export_runs(
         process or its worker processes; ``ray_export`` passes a Ray Data one).
     :returns: the manifest (also written to ``out_dir/manifest.json``).
     """
-    from .importers import is_event_log
+    from ._importers import is_event_log
 
     logs = [r for r in runs if is_event_log(r)]
     files = [r for r in runs if not is_event_log(r)]
@@ -851,7 +851,7 @@ def _import_and_export(
     keep_events: str | os.PathLike[str] | None,
     runner: Any,
 ) -> dict[str, Any]:
-    from .importers import import_trajectories
+    from ._importers import import_trajectories
 
     with tempfile.TemporaryDirectory(prefix="agentcompact-import-") as tmp:
         folder = Path(keep_events) if keep_events is not None else Path(tmp)
@@ -1014,7 +1014,7 @@ def _manifest(index: _Index, tok: ChatTokenizer, opts: ExportOptions, counts: _C
 
 def iter_export_rows(out_dir: str | os.PathLike[str]) -> Iterator[list[dict[str, Any]]]:
     """The segment rows of an export, one shard at a time (in manifest order)."""
-    from ..rl.schema import read_rows
+    from ..rl._schema import read_rows
 
     out = Path(out_dir)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -1031,14 +1031,14 @@ def read_export(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 def validate_export(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Re-read an export and check it; returns the manifest.
 
-    Each shard must pass ``agentcompact.rl.schema.validate_rows`` with the manifest's
+    Each shard must pass ``agentcompact.rl._schema.validate_rows`` with the manifest's
     tokenizer and template hashes; no episode or group may span two shards; row, episode and
     token counts must match the manifest; every episode row must agree with its segments.
 
     :raises SegmentRowError: a row breaks an invariant (names row, episode, field).
     :raises ExportError: the files disagree with the manifest or with each other.
     """
-    from ..rl.schema import validate_rows
+    from ..rl._schema import validate_rows
 
     out = Path(out_dir)
     try:

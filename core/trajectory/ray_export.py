@@ -43,7 +43,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import export as _export
-from .tokenize import ChatTokenizer
+from ._tokenize import ChatTokenizer
 
 __all__ = ["RayEpisodes", "export_runs_ray"]
 

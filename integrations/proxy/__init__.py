@@ -15,9 +15,9 @@ Needs the ``proxy`` extra (starlette, uvicorn, aiohttp; httptools and uvloop, wh
 
 from __future__ import annotations
 
-from ..threaded_server import ThreadedServer
-from .app import CompactionProxy, EnginePool, ProxyApp, create_app
-from .config import DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_OPENAI_UPSTREAM, ProxyConfig
+from .._threaded_server import ThreadedServer
+from ._app import CompactionProxy, EnginePool, ProxyApp, create_app
+from ._config import DEFAULT_ANTHROPIC_UPSTREAM, DEFAULT_OPENAI_UPSTREAM, ProxyConfig
 
 __all__ = [
     "DEFAULT_ANTHROPIC_UPSTREAM",

@@ -20,10 +20,9 @@ import orjson
 
 from agentcompact import new_plugin_manager
 from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
-from agentcompact.integrations.proxy.wire import dialect_for
-from agentcompact.integrations.upstream_sim import Script, UpstreamSim, serve
-from agentcompact.integrations.upstream_sim.app import RecordedRequest
-from agentcompact.integrations.upstream_sim.clis import (
+from agentcompact.integrations.proxy._wire import dialect_for
+from agentcompact.testing import RecordedRequest, Script, UpstreamSim, serve
+from agentcompact.testing._clis import (
     CliCommand,
     ToolLoop,
     claude_command,
@@ -97,7 +96,7 @@ def run_cli(cli: str, executable: str, tmp: Path, *, steps: int, trigger: int,
             done = subprocess.run(command.argv, env=command.env, cwd=work, capture_output=True,
                                   text=True, timeout=timeout, check=False)
             status = httpx.get(f"{proxy.base_url}/agentcompact/status", timeout=10).json()
-            watch = subprocess.run([sys.executable, "-m", "agentcompact.cli", "watch", "--once",
+            watch = subprocess.run([sys.executable, "-m", "agentcompact._cli", "watch", "--once",
                                     "--url", proxy.base_url], capture_output=True, text=True,
                                    env={**os.environ, "COLUMNS": "200"}, timeout=60,
                                    check=False)

@@ -15,16 +15,15 @@ from typing import Any
 import orjson
 import pytest
 
-from agentcompact.dialects import AnthropicDialect, OpenAIResponsesDialect
-from agentcompact.dialects.base import Dialect, digest_of
-from agentcompact.integrations.proxy.observe import redact_json
-from agentcompact.integrations.upstream_sim.clis import (
+from agentcompact import validate
+from agentcompact.dialects import AnthropicDialect, Dialect, OpenAIResponsesDialect, digest_of
+from agentcompact.integrations.proxy._observe import redact_json
+from agentcompact.testing._clis import (
     DUMMY_ANTHROPIC_KEY,
     DUMMY_OPENAI_KEY,
     FINAL_TEXT,
     find_cli,
 )
-from agentcompact.turns import validate
 
 from .harness import CliRun, run_cli
 

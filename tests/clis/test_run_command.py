@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from agentcompact.integrations.upstream_sim import Script, UpstreamSim, serve
-from agentcompact.integrations.upstream_sim.clis import (
+from agentcompact.testing import Script, UpstreamSim, serve
+from agentcompact.testing._clis import (
     DUMMY_ANTHROPIC_KEY,
     DUMMY_OPENAI_KEY,
     FINAL_TEXT,
@@ -33,7 +33,7 @@ TRIGGER = 30_000
 
 
 def _agentcompact(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agentcompact.cli", *args]
+    return [sys.executable, "-m", "agentcompact._cli", *args]
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
@@ -112,7 +112,7 @@ def test_run_reports_a_command_that_cannot_start(tmp_path: Path) -> None:
 
 
 def test_only_codex_gets_the_provider_overrides() -> None:
-    from agentcompact.integrations.proxy.launch import child_command
+    from agentcompact.integrations.proxy._launch import child_command
 
     url = "http://127.0.0.1:5000"
     assert child_command(["claude", "-p", "x"], url) == ["claude", "-p", "x"]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentcompact.cli import main
+from agentcompact._cli import main
 
 
 def test_demo_prints_figures(capsys: pytest.CaptureFixture[str]) -> None:
@@ -12,7 +12,7 @@ def test_demo_prints_figures(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_demo_stays_under_trigger_and_costs_less() -> None:
-    from agentcompact.demo import run_demo
+    from agentcompact._demo import run_demo
 
     report = run_demo(trigger=20000, turns=60)
     assert report.compactions >= 1
@@ -40,7 +40,7 @@ def test_help_imports_no_extra() -> None:
     import subprocess
     import sys
 
-    code = ("import sys\nfrom agentcompact.cli import main\n"
+    code = ("import sys\nfrom agentcompact._cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({_EXTRAS!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -52,7 +52,7 @@ def test_help_imports_no_extra() -> None:
 def _help_lines(command: str | None) -> dict[str, str | None]:
     import argparse
 
-    from agentcompact.cli import build_parser
+    from agentcompact._cli import build_parser
 
     parser = build_parser(command)
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -62,7 +62,7 @@ def _help_lines(command: str | None) -> dict[str, str | None]:
 def test_help_lines_match_each_subcommands_own() -> None:
     """The static help line of each lazily imported subcommand is the one its module
     registers (where its extra is installed)."""
-    from agentcompact.cli import _EXTERNAL
+    from agentcompact._cli import _EXTERNAL
 
     listed = _help_lines(None)
     for name in _EXTERNAL:
@@ -76,6 +76,6 @@ def test_subcommand_without_its_extra_says_which(monkeypatch: pytest.MonkeyPatch
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     import sys
 
-    monkeypatch.setitem(sys.modules, "agentcompact.integrations.mcp_server", None)
+    monkeypatch.setitem(sys.modules, "agentcompact.integrations._mcp_server", None)
     assert main(["mcp"]) == 2
     assert "agentcompact[mcp]" in capsys.readouterr().err

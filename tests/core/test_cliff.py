@@ -5,9 +5,9 @@ from typing import Any
 import pytest
 
 from agentcompact import Budget, Engine, get_dialect, hookimpl, new_plugin_manager
-from agentcompact.strategies.base import CompactionRequest
-from agentcompact.strategies.cliff import DEFAULT_LEVELS, CliffStrategy, render_segments
-from agentcompact.tokens import MessageMeter, TiktokenCounter
+from agentcompact._tokens import MessageMeter, TiktokenCounter
+from agentcompact.strategies import CompactionRequest
+from agentcompact.strategies._cliff import DEFAULT_LEVELS, CliffStrategy, render_segments
 
 from .histories import build
 

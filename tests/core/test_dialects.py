@@ -5,9 +5,9 @@ import copy
 import pytest
 
 from agentcompact import get_dialect, new_plugin_manager
+from agentcompact._markers import COMPACTION_HEADER
 from agentcompact.dialects import AnthropicDialect, OpenAIChatDialect, OpenAIResponsesDialect
 from agentcompact.errors import ConfigError, DialectError
-from agentcompact.markers import COMPACTION_HEADER
 
 from .histories import build
 

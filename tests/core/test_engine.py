@@ -20,9 +20,9 @@ from agentcompact import (
     new_plugin_manager,
     validate,
 )
-from agentcompact.markers import COMPACTION_HEADER
-from agentcompact.strategies.cliff import CliffStrategy
-from agentcompact.tokens import MessageMeter
+from agentcompact._markers import COMPACTION_HEADER
+from agentcompact._tokens import MessageMeter
+from agentcompact.strategies import CliffStrategy
 
 from .histories import build, call_points
 

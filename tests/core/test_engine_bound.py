@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcompact import Budget, Engine, get_dialect, new_plugin_manager
-from agentcompact.tokens import CharEstimateCounter, MessageMeter, TiktokenCounter
+from agentcompact._tokens import CharEstimateCounter, MessageMeter, TiktokenCounter
 from agentcompact.trajectory import iter_trajectories
 
 from ..conftest import TRAJECTORIES, needs_shared_data

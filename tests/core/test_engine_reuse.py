@@ -20,7 +20,7 @@ from agentcompact import (
     hookimpl,
     new_plugin_manager,
 )
-from agentcompact.dialects.base import Dialect
+from agentcompact.dialects import Dialect
 
 from .histories import build, call_points
 

@@ -5,21 +5,11 @@ catching the engine's tool-pairing ``ValidationError`` never catches an export e
 from __future__ import annotations
 
 import importlib
-import pkgutil
 
 import pytest
 
-import agentcompact
 from agentcompact import errors
-
-
-def _public_modules() -> list[str]:
-    names = []
-    for info in pkgutil.walk_packages(agentcompact.__path__, "agentcompact."):
-        if any(part.startswith("_") for part in info.name.split(".")[1:]):
-            continue
-        names.append(info.name)
-    return sorted(names)
+from tests.core.test_exported_members import PUBLIC
 
 
 def _import(name: str) -> object | None:
@@ -29,7 +19,7 @@ def _import(name: str) -> object | None:
         return None
 
 
-@pytest.mark.parametrize("name", _public_modules())
+@pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_public_exceptions_are_defined_in_errors(name: str) -> None:
     module = _import(name)
     if module is None:

@@ -15,14 +15,16 @@ from agentcompact import (
     ModelCall,
     SummaryCall,
     hookimpl,
-    hookspecs,
     log_episode_end,
     log_model_call,
     log_summary_call,
     new_plugin_manager,
 )
+from agentcompact import (
+    _hookspecs as hookspecs,
+)
 from agentcompact.dialects import OpenAIChatDialect
-from agentcompact.strategies.cliff import CliffStrategy
+from agentcompact.strategies import CliffStrategy
 
 from .histories import build
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agentcompact import (
+    DEFAULT_TARGET_SHARE,
     Budget,
     CompactionEvent,
     Engine,
@@ -22,11 +23,10 @@ from agentcompact import (
     new_plugin_manager,
     validate,
 )
-from agentcompact.budget import DEFAULT_TARGET_SHARE
+from agentcompact._turns import thinking_loop_error
 from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.errors import DialectError
-from agentcompact.strategies.base import CompactionRequest, Rendered
-from agentcompact.turns import thinking_loop_error
+from agentcompact.strategies import CompactionRequest, Rendered
 
 from .histories import build
 

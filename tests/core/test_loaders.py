@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from agentcompact import validate
 from agentcompact.dialects import AnthropicDialect, OpenAIChatDialect
 from agentcompact.errors import ConfigError, TornLineError, TrajectoryError
 from agentcompact.trajectory import (
@@ -19,7 +20,6 @@ from agentcompact.trajectory import (
     load,
     tau_bench_groups,
 )
-from agentcompact.turns import validate
 from tests.conftest import TRAJECTORIES, needs_shared_data
 
 CLAUDE = TRAJECTORIES / "claude-code"

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentcompact import Budget, Engine, new_plugin_manager, validate
-from agentcompact.markers import COMPACTION_HEADER
-from agentcompact.tokens import MessageMeter
+from agentcompact._markers import COMPACTION_HEADER
+from agentcompact._tokens import MessageMeter
 
 from .histories import build, call_points
 
@@ -63,7 +63,7 @@ def test_incremental_invariants(dialect: str, plan: Any, budget: tuple[int, floa
 @settings(max_examples=40, deadline=None)
 @given(dialect=dialects, plan=plans, budget=budgets)
 def test_verbatim_provenance(dialect: str, plan: Any, budget: tuple[int, float]) -> None:
-    from agentcompact.strategies.cliff import render_segments
+    from agentcompact.strategies._cliff import render_segments
 
     msgs = build(dialect, plan)
     engine = make(dialect, *budget)
@@ -73,7 +73,7 @@ def test_verbatim_provenance(dialect: str, plan: Any, budget: tuple[int, float])
     texts = [p.text or p.name for m in msgs for p in engine.dialect.parts(m)]
     texts += [p.name for m in msgs for p in engine.dialect.parts(m)]
     synthetic = engine.dialect.text_of(result.messages[result.head_len])
-    from agentcompact.strategies.base import CompactionRequest
+    from agentcompact.strategies import CompactionRequest
 
     req = CompactionRequest(msgs, engine.dialect, result.head_len, result.head_len, result.cut,
                             10**9, MessageMeter(engine.counter, engine.dialect), engine.pm)

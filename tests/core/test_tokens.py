@@ -8,8 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from agentcompact import get_dialect, new_plugin_manager
-from agentcompact.errors import ConfigError
-from agentcompact.tokens import (
+from agentcompact._tokens import (
     IMAGE_TOKENS,
     MESSAGE_OVERHEAD,
     CharEstimateCounter,
@@ -17,6 +16,7 @@ from agentcompact.tokens import (
     TiktokenCounter,
     make_counter,
 )
+from agentcompact.errors import ConfigError
 
 from ..conftest import QWEN_TOKENIZER
 from .histories import build
@@ -105,7 +105,7 @@ def test_make_counter_errors() -> None:
 
 
 def test_offline_tiktoken_error_says_what_to_do(tmp_path: os.PathLike[str]) -> None:
-    code = ("from agentcompact.tokens import TiktokenCounter\n"
+    code = ("from agentcompact._tokens import TiktokenCounter\n"
             "try:\n    TiktokenCounter('cl100k_base')\n"
             "except Exception as e:\n    print(type(e).__name__, e)\n")
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path),

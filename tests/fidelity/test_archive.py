@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agentcompact.archive import (
+from agentcompact import expand, expand_text, search_dropped
+from agentcompact._archive import (
     ArchivedItem,
     MemoryArchive,
     SQLiteArchive,
@@ -21,7 +22,6 @@ from agentcompact.archive import (
     open_archive,
 )
 from agentcompact.errors import ArchiveError, ConfigError
-from agentcompact.expand import expand, expand_text, search_dropped
 
 TEXT = "".join(f"{i:05d} ünïcode \U0001f600 line\n" for i in range(3_000))
 
@@ -42,8 +42,8 @@ def test_sqlite_archive_survives_a_restart_in_another_process(tmp_path: Path) ->
         assert stat.S_IMODE(file.stat().st_mode) == 0o600, file.name
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    code = ("import sys; from agentcompact.archive import SQLiteArchive; "
-            "from agentcompact.expand import expand; "
+    code = ("import sys; from agentcompact._archive import SQLiteArchive; "
+            "from agentcompact._expand import expand; "
             "sys.stdout.buffer.write(expand(SQLiteArchive(sys.argv[1]), sys.argv[2], 0, "
             "10**6).text.encode('utf-8', 'surrogatepass'))")
     out = subprocess.run([sys.executable, "-c", code, str(path), handle_of(TEXT)],

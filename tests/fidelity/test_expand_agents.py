@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact.archive import ArchivedItem, MemoryArchive, handle_of
+from agentcompact._archive import ArchivedItem, MemoryArchive, handle_of
 from agentcompact.integrations.expand_tools import ExpandTools
 
 ORIGINAL = "def total(order):\n" + "".join(f"    line_{i} = {i}\n" for i in range(400))
@@ -59,7 +59,7 @@ langchain_core = pytest.importorskip("langchain_core")
 from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402  # after the skip
 from langchain_core.tools import tool  # noqa: E402
 
-from agentcompact.integrations.upstream_sim import (  # noqa: E402
+from agentcompact.testing import (  # noqa: E402
     Reply,
     RunningServer,
     Script,

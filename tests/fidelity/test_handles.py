@@ -10,9 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentcompact import Budget, Engine, StrategySettings, new_plugin_manager
-from agentcompact.archive import MemoryArchive, SQLiteArchive, handle_of
-from agentcompact.expand import expand
+from agentcompact import Budget, Engine, StrategySettings, expand, new_plugin_manager
+from agentcompact._archive import MemoryArchive, SQLiteArchive, handle_of
 from tests.core.histories import build, call_points
 from tests.integrations.conftest import Collector
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcompact.archive import ArchivedItem, SQLiteArchive, handle_of
+from agentcompact._archive import ArchivedItem, SQLiteArchive, handle_of
 
 mcp = pytest.importorskip("mcp")
 from mcp import ClientSession, StdioServerParameters  # noqa: E402  # after the skip
@@ -30,7 +30,7 @@ async def test_mcp_client_expands_and_searches(tmp_path: Path) -> None:
                                                       f"{handle}]")])
     archive.close()
     params = StdioServerParameters(command=sys.executable, args=[
-        "-m", "agentcompact.cli", "mcp", "--archive", str(path), "--page-chars", "5000"])
+        "-m", "agentcompact", "mcp", "--archive", str(path), "--page-chars", "5000"])
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         names = {t.name for t in (await session.list_tools()).tools}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentcompact.replay import replay
-from agentcompact.trajectory.loaders import Trajectory
+from agentcompact.trajectory import Trajectory
 from tests.core.histories import text
 
 RULE = "Never edit files under vendor/ and keep every function under 40 lines."

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Budget, Engine, StrategySettings, new_plugin_manager
-from agentcompact.archive import MemoryArchive, handle_of
-from agentcompact.expand import expand
+from agentcompact import Budget, Engine, StrategySettings, expand, new_plugin_manager
+from agentcompact._archive import MemoryArchive, handle_of
 from agentcompact.plugins.rules import PLUGIN_NAME, is_rule
 from tests.core.histories import build
 

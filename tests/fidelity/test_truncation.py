@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcompact import get_dialect, new_plugin_manager
-from agentcompact.archive import handle_of
-from agentcompact.dialects.base import head_tail, truncation_pieces
+from agentcompact._archive import handle_of
+from agentcompact.dialects._base import head_tail, truncation_pieces
 
 PYTEST_LOG = (
     "============================= test session starts ==============================\n"
@@ -86,7 +86,7 @@ _LINE_BITS = ["Traceback (most recent call last):", "E   KeyError: 'x'", "E", "E
                 .map(" ".join), min_size=1, max_size=40),
        st.sampled_from(["\n", "\r\n", "\r", "\x0c", "\u2028"]))
 def test_error_lines_are_the_lines_the_regex_matches(lines: list[str], sep: str) -> None:
-    from agentcompact.dialects.base import _ERROR_LINE_MAX, ERROR_LINE, _error_lines
+    from agentcompact.dialects._base import _ERROR_LINE_MAX, ERROR_LINE, _error_lines
 
     text = sep.join(lines)
     split = text.splitlines(keepends=True)

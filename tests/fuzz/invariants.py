@@ -28,7 +28,7 @@ from agentcompact import (
     hookimpl,
     new_plugin_manager,
 )
-from agentcompact.turns import problems, split_turns, thinking_loop_error
+from agentcompact._turns import problems, split_turns, thinking_loop_error
 
 from .histories import PIN, SECRET
 
@@ -91,8 +91,8 @@ class Naive:
     name = "naive"
 
     def compact(self, request: Any) -> Any:
-        from agentcompact.markers import COMPACTION_HEADER
-        from agentcompact.strategies.base import Rendered
+        from agentcompact._markers import COMPACTION_HEADER
+        from agentcompact.strategies import Rendered
 
         text = COMPACTION_HEADER + "\n\n(earlier work omitted)"
         return Rendered(request.dialect.text_message(text), 12)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact.integrations.upstream_sim import Reply, RunningServer, Script, serve
+from agentcompact.testing import Reply, RunningServer, Script, serve
 
 pytestmark = pytest.mark.network
 
@@ -53,7 +53,7 @@ def server() -> Iterator[RunningServer]:
 
 
 def serve_sim() -> RunningServer:
-    from agentcompact.integrations.upstream_sim import UpstreamSim
+    from agentcompact.testing import UpstreamSim
 
     return serve(UpstreamSim(agent_model()))
 

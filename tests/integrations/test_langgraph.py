@@ -23,7 +23,8 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
 from agentcompact import Budget, Engine, validate
-from agentcompact.dialects.openai_chat import OpenAIChatDialect
+from agentcompact._markers import COMPACTION_HEADER, is_marked
+from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.errors import ConfigError, DialectError
 from agentcompact.integrations.langgraph import (
     CompactionMiddleware,
@@ -32,7 +33,7 @@ from agentcompact.integrations.langgraph import (
     ModelCallLogger,
     pre_model_hook,
 )
-from agentcompact.integrations.upstream_sim import (
+from agentcompact.testing import (
     Reply,
     RunningServer,
     Script,
@@ -41,7 +42,6 @@ from agentcompact.integrations.upstream_sim import (
     filler_text,
     serve,
 )
-from agentcompact.markers import COMPACTION_HEADER, is_marked
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = pytest.mark.network

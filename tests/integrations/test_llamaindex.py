@@ -13,7 +13,8 @@ from llama_index.core.base.llms.types import ChatMessage, TextBlock, ToolCallBlo
 from llama_index.llms.openai_like import OpenAILike
 
 from agentcompact import Budget, Engine, validate
-from agentcompact.dialects.openai_chat import OpenAIChatDialect
+from agentcompact._markers import COMPACTION_HEADER, is_marked
+from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.errors import ConfigError, DialectError
 from agentcompact.integrations.llamaindex import (
     CompactingLLM,
@@ -22,7 +23,7 @@ from agentcompact.integrations.llamaindex import (
     ModelCallLogger,
     to_openai_chat,
 )
-from agentcompact.integrations.upstream_sim import (
+from agentcompact.testing import (
     Reply,
     RunningServer,
     Script,
@@ -31,7 +32,6 @@ from agentcompact.integrations.upstream_sim import (
     filler_text,
     serve,
 )
-from agentcompact.markers import COMPACTION_HEADER, is_marked
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = [

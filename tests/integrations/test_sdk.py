@@ -12,10 +12,11 @@ import openai
 import pytest
 
 from agentcompact import Budget, Engine, get_dialect, validate
+from agentcompact._markers import COMPACTION_HEADER
 from agentcompact.errors import ConfigError, DialectError
-from agentcompact.integrations.proxy.reassemble import from_body, reassemble_events
+from agentcompact.integrations.proxy._reassemble import from_body, reassemble_events
 from agentcompact.integrations.sdk import _TABLES, CompactedClient, compact
-from agentcompact.integrations.upstream_sim import (
+from agentcompact.testing import (
     Reply,
     RunningServer,
     Script,
@@ -25,7 +26,6 @@ from agentcompact.integrations.upstream_sim import (
     prompt_text,
     serve,
 )
-from agentcompact.markers import COMPACTION_HEADER
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = pytest.mark.network

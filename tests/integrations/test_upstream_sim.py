@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from agentcompact.integrations.upstream_sim import (
+from agentcompact.testing import (
     Fault,
     LatencyModel,
     Reply,
@@ -392,7 +392,7 @@ def test_an_unknown_route_is_recorded_and_answered_404(server: RunningServer,
 
 
 def test_a_custom_tool_call_streams_as_codex_reads_it(server: RunningServer) -> None:
-    from agentcompact.integrations.upstream_sim import ToolCall
+    from agentcompact.testing import ToolCall
 
     sim = server.sim
     assert sim is not None

@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 
+from agentcompact import get_dialect, split_turns
+from agentcompact._tokens import MessageMeter
 from agentcompact.errors import ConfigError
-from agentcompact.pluginmanager import get_dialect
 from agentcompact.replay import SlidingWindow, extract_items
-from agentcompact.replay.cli import default_strategies, load_sessions, main
-from agentcompact.replay.codex import is_codex_rollout, load_codex_rollout
-from agentcompact.replay.pricing import call_cost, load_price_file, resolve_price
-from agentcompact.tokens import MessageMeter
-from agentcompact.turns import split_turns
+from agentcompact.replay._cli import default_strategies, load_sessions, main
+from agentcompact.replay._codex import is_codex_rollout, load_codex_rollout
+from agentcompact.replay._pricing import call_cost, load_price_file, resolve_price
 
 from .test_figures import SESSION, WordCounter
 
@@ -151,7 +150,7 @@ def _window_by_hand(messages: list[Any], meter: MessageMeter, trigger: int) -> l
 @pytest.mark.network
 def test_llm_strategy_fallbacks_are_shown_and_summarizer_options_reach_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from agentcompact.integrations.upstream_sim import Fault, Reply, Script, UpstreamSim, serve
+    from agentcompact.testing import Fault, Reply, Script, UpstreamSim, serve
 
     session = _codex_rollout(tmp_path / "rollout-b.jsonl")
     failing = Script(then=lambda body: Reply("unused").failing(Fault.http(400, "bad model")))

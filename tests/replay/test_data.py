@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agentcompact.replay import replay
-from agentcompact.replay.baselines import ContenderSettings, unavailable_reason
-from agentcompact.replay.cli import load_sessions
+from agentcompact.replay import load_sessions, replay
+from agentcompact.replay._baselines import ContenderSettings, unavailable_reason
 from tests.conftest import TRAJECTORIES, needs_shared_data
 
 pytestmark = needs_shared_data("trajectories")

@@ -7,10 +7,16 @@ from typing import Any
 
 import pytest
 
-from agentcompact.replay import FullHistory, Sent, replay, replay_trajectory
-from agentcompact.replay.baselines import ContenderSettings
-from agentcompact.replay.pricing import PRICES, resolve_price
-from agentcompact.trajectory.loaders import Trajectory
+from agentcompact.replay import (
+    PRICES,
+    ContenderSettings,
+    FullHistory,
+    Sent,
+    replay,
+    replay_trajectory,
+    resolve_price,
+)
+from agentcompact.trajectory import Trajectory
 
 
 class WordCounter:

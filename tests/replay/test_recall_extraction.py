@@ -13,12 +13,18 @@ from typing import Any
 
 import pytest
 
-from agentcompact.replay import SALIENT_PATTERNS, ItemIndex, extract_items
-from agentcompact.replay.baselines import ContenderSettings, FullHistory, Sent
-from agentcompact.replay.pricing import resolve_price
-from agentcompact.replay.recall import _WORD, _line_items, _words_of
-from agentcompact.replay.replay import replay_trajectory
-from agentcompact.trajectory.loaders import Trajectory
+from agentcompact.replay import (
+    SALIENT_PATTERNS,
+    ContenderSettings,
+    FullHistory,
+    ItemIndex,
+    Sent,
+    extract_items,
+    replay_trajectory,
+    resolve_price,
+)
+from agentcompact.replay._recall import _WORD, _line_items, _words_of
+from agentcompact.trajectory import Trajectory
 
 from .test_figures import SESSION, WordCounter
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agentcompact.replay import replay
-from agentcompact.replay.report import render_html, write_html
-from agentcompact.trajectory.loaders import Trajectory
+from agentcompact.replay import render_html, replay, write_html
+from agentcompact.trajectory import Trajectory
 
 from .test_figures import SESSION, WordCounter
 

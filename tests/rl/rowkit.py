@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from agentcompact.rl.schema import SCHEMA_VERSION
+from agentcompact.rl import SCHEMA_VERSION
 
 __all__ = ["QWEN_TOKENIZER", "make_episode", "make_row"]
 

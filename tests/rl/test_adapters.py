@@ -12,15 +12,8 @@ import pytest
 import torch
 
 from agentcompact.errors import ExportError
-from agentcompact.rl.adapters import (
-    to_skyrl,
-    to_trl_rollout,
-    to_trl_sft,
-    to_verl,
-    to_verl_parquet,
-)
-from agentcompact.rl.advantages import assign_advantages
-from agentcompact.rl.schema import (
+from agentcompact.rl import assign_advantages
+from agentcompact.rl._schema import (
     SEGMENT_SCHEMA,
     read_jsonl,
     read_parquet,
@@ -28,6 +21,13 @@ from agentcompact.rl.schema import (
     validate_rows,
     write_jsonl,
     write_parquet,
+)
+from agentcompact.rl.adapters import (
+    to_skyrl,
+    to_trl_rollout,
+    to_trl_sft,
+    to_verl,
+    to_verl_parquet,
 )
 from agentcompact.rl.torch_data import collate
 

@@ -7,14 +7,14 @@ import statistics
 import pytest
 
 from agentcompact.errors import ConfigError, ExportError
-from agentcompact.rl.advantages import (
+from agentcompact.rl import (
     assign_advantages,
     broadcast_to_segments,
     drgrpo_advantages,
     grpo_advantages,
     rloo_advantages,
+    validate_rows,
 )
-from agentcompact.rl.schema import validate_rows
 
 from .rowkit import make_episode
 

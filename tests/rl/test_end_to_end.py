@@ -18,11 +18,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("pyarrow")
 transformers = pytest.importorskip("transformers")
 
-from agentcompact.events import EpisodeEnd  # noqa: E402
+from agentcompact import EpisodeEnd  # noqa: E402
 from agentcompact.rl.ppo import policy_loss_from_hidden  # noqa: E402
 from agentcompact.rl.torch_data import collate  # noqa: E402
+from agentcompact.trajectory._export_cli import main as export_main  # noqa: E402
 from agentcompact.trajectory.export import read_export  # noqa: E402
-from agentcompact.trajectory.export_cli import main as export_main  # noqa: E402
 from tests.trajectory.runs import agent_loop, record  # noqa: E402
 
 from .rowkit import QWEN_TOKENIZER  # noqa: E402

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcompact.errors import ExportError
-from agentcompact.rl.gae import (
+from agentcompact.rl._gae import (
     assign_gae,
     chain_gae,
     gae,

@@ -18,15 +18,14 @@ pytest.importorskip("pyarrow")
 openai = pytest.importorskip("openai")
 transformers = pytest.importorskip("transformers")
 
-from agentcompact import new_plugin_manager  # noqa: E402
-from agentcompact.events import EpisodeEnd  # noqa: E402
+from agentcompact import EpisodeEnd, new_plugin_manager  # noqa: E402
 from agentcompact.integrations.sdk import compact  # noqa: E402
-from agentcompact.integrations.upstream_sim import Reply, Script, UpstreamSim, serve  # noqa: E402
 from agentcompact.plugins.recorder import Recorder  # noqa: E402
 from agentcompact.rl.torch_data import collate  # noqa: E402
-from agentcompact.trajectory.events_log import read_events  # noqa: E402
+from agentcompact.testing import Reply, Script, UpstreamSim, serve  # noqa: E402
+from agentcompact.trajectory import read_events  # noqa: E402
+from agentcompact.trajectory._export_cli import main as export_main  # noqa: E402
 from agentcompact.trajectory.export import read_export  # noqa: E402
-from agentcompact.trajectory.export_cli import main as export_main  # noqa: E402
 
 from .rowkit import QWEN_TOKENIZER  # noqa: E402
 from .test_end_to_end import train_steps  # noqa: E402

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentcompact.errors import ConfigError, ExportError
-from agentcompact.rl.loss import LOSS_MODES, aggregate, token_weights, weights_for_rows
+from agentcompact.rl import LOSS_MODES, aggregate, token_weights, weights_for_rows
 
 from .rowkit import make_episode
 

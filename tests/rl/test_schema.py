@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agentcompact.errors import ExportError, TrajectoryError
-from agentcompact.rl.schema import (
+from agentcompact.rl._schema import (
     EPISODE_SCHEMA,
     SCHEMA_VERSION,
     SEGMENT_SCHEMA,

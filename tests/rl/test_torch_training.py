@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from agentcompact.errors import ExportError
-from agentcompact.rl.advantages import assign_advantages
+from agentcompact.rl import assign_advantages
+from agentcompact.rl._schema import to_float32, validate_rows, write_parquet
 from agentcompact.rl.ppo import policy_loss
-from agentcompact.rl.schema import to_float32, validate_rows, write_parquet
 from agentcompact.rl.torch_data import (
     SegmentDataset,
     batch_token_weights,

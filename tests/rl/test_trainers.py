@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("pyarrow")
 transformers = pytest.importorskip("transformers")
 
+from agentcompact.rl import assign_advantages  # noqa: E402
+from agentcompact.rl._schema import to_float32, validate_rows  # noqa: E402
 from agentcompact.rl.adapters import to_skyrl, to_verl  # noqa: E402
-from agentcompact.rl.advantages import assign_advantages  # noqa: E402
 from agentcompact.rl.ppo import policy_loss  # noqa: E402
-from agentcompact.rl.schema import to_float32, validate_rows  # noqa: E402
 from agentcompact.rl.torch_data import collate  # noqa: E402
 
 from .rowkit import QWEN_TOKENIZER, make_episode  # noqa: E402

@@ -16,7 +16,7 @@ import httpx
 
 from tests.integrations.proxy.histories import anthropic_history
 
-CLI = [sys.executable, "-m", "agentcompact.cli", "proxy"]
+CLI = [sys.executable, "-m", "agentcompact", "proxy"]
 
 
 def free_port() -> int:

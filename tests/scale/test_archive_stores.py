@@ -17,11 +17,10 @@ from typing import Any
 import orjson
 import pytest
 
-from agentcompact.archive import ArchivedItem, SharedArchive, handle_of, open_archive
-from agentcompact.expand import expand
-from agentcompact.integrations.upstream_sim import RunningServer, UpstreamSim, serve
-from agentcompact.store import PrefixEntry
+from agentcompact import PrefixEntry, expand
+from agentcompact._archive import ArchivedItem, SharedArchive, handle_of, open_archive
 from agentcompact.stores import store_from_url
+from agentcompact.testing import RunningServer, UpstreamSim, serve
 
 from .conftest import RedisServer
 from .proxies import ProxyProcess, send, session_turn
@@ -145,7 +144,7 @@ def _mcp_expand(url: str, handles: list[str]) -> list[str]:
 
     async def go() -> list[str]:
         params = StdioServerParameters(command=sys.executable, args=[
-            "-m", "agentcompact.cli", "mcp", "--store", url, "--page-chars", "100000"])
+            "-m", "agentcompact._cli", "mcp", "--store", url, "--page-chars", "100000"])
         out = []
         async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
             await s.initialize()

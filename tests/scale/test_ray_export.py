@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentcompact.errors import TrajectoryError
+from agentcompact.trajectory._tokenize import ChatTokenizer
 from agentcompact.trajectory.export import ExportOptions, export_runs
-from agentcompact.trajectory.tokenize import ChatTokenizer
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.trajectory.test_export_workers import files_of, many_runs
 
@@ -78,7 +78,7 @@ def test_ray_export_raises_what_the_local_export_raises(
 
 def test_export_cli_on_ray(tmp_path: Path, local_ray: None,
                            capsys: pytest.CaptureFixture[str]) -> None:
-    from agentcompact.trajectory.export_cli import main
+    from agentcompact.trajectory._export_cli import main
 
     logs = [str(p) for p in many_runs(tmp_path)]
     assert main([*logs, "--out", str(tmp_path / "ray"), "--tokenizer", str(QWEN_TOKENIZER),

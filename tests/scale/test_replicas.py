@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact.integrations.upstream_sim import RunningServer, Script, UpstreamSim, serve
+from agentcompact.testing import RunningServer, Script, UpstreamSim, serve
 
 from .proxies import ProxyProcess, send, session_turn
 

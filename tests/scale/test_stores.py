@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Budget, Engine
+from agentcompact import Budget, Engine, PrefixEntry
 from agentcompact.errors import StoreError
-from agentcompact.store import PrefixEntry
 from agentcompact.stores import SharedPrefixStore, store_from_url
-from agentcompact.stores.sqlite_store import SQLiteBackend
+from agentcompact.stores._sqlite_store import SQLiteBackend
 from tests.integrations.proxy.histories import chat_history
 
 from .conftest import RedisServer
@@ -245,7 +244,7 @@ def test_memory_url() -> None:
 
 def test_proxy_store_flag_and_environment(tmp_path: Path) -> None:
     from agentcompact.integrations.proxy import ProxyConfig, create_app
-    from agentcompact.integrations.proxy.cli import _add_arguments, build_config
+    from agentcompact.integrations.proxy._cli import _add_arguments, build_config
 
     config = ProxyConfig.from_env({"AGENTCOMPACT_STORE": f"sqlite:///{tmp_path}/p.db"})
     app = create_app(config)

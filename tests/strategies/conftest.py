@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from agentcompact import CompactionEvent, SummaryCall, hookimpl, new_plugin_manager
-from agentcompact.integrations.upstream_sim import RunningServer, Script, UpstreamSim, serve
-from agentcompact.integrations.upstream_sim import digest_reply as digest_reply
-from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
+from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
+from agentcompact.testing import RunningServer, Script, UpstreamSim, serve
+from agentcompact.testing import digest_reply as digest_reply
 
 WORDS = ("the build of src/app.py failed with FileNotFoundError at line 42 so we ran make "
          "test again and pytest reported 3 errors in tests/test_io.py ").split()

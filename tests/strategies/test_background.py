@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from agentcompact import Budget, Engine, StrategySettings, validate
-from agentcompact.background import BackgroundCompactor
+from agentcompact import BackgroundCompactor, Budget, Engine, StrategySettings, validate
+from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
 from agentcompact.errors import ConfigError
-from agentcompact.integrations.upstream_sim import Fault, LatencyModel, Script, digest_reply
-from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
+from agentcompact.testing import Fault, LatencyModel, Script, digest_reply
 
 from .conftest import client, grow, history, text_of
 

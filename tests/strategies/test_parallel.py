@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentcompact import Budget, Engine, StrategySettings, hookimpl, validate
-from agentcompact.integrations.upstream_sim import Fault, LatencyModel, Reply, Script, digest_reply
-from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
-from agentcompact.strategies.parallel import ParallelStrategy, balanced_blocks
+from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
+from agentcompact.strategies._parallel import ParallelStrategy, balanced_blocks
+from agentcompact.testing import Fault, LatencyModel, Reply, Script, digest_reply
 
 from .conftest import assert_clean_prompts, client, grow, history, prompt_of, text_of
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from agentcompact import Budget, Engine, StrategySettings, validate
-from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
+from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
 
 from .conftest import text_of
 

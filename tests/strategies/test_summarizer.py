@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agentcompact._summarizer import CallInfo, Summarizer, SummarizerOverflow
 from agentcompact.errors import ConfigError, SummarizerError
-from agentcompact.integrations.upstream_sim import Fault, Reply, Script
-from agentcompact.summarizer import CallInfo, Summarizer, SummarizerOverflow
+from agentcompact.testing import Fault, Reply, Script
 
 from .conftest import client
 

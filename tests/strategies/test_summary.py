@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from agentcompact import Budget, Engine, StrategySettings, hookimpl, validate
+from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
 from agentcompact.errors import ConfigError
-from agentcompact.integrations.upstream_sim import Fault, LatencyModel, Reply, Script
-from agentcompact.markers import COMPACTION_HEADER, SUMMARY_HEADER
-from agentcompact.strategies.summary import SummaryStrategy
+from agentcompact.strategies import SummaryStrategy
+from agentcompact.testing import Fault, LatencyModel, Reply, Script
 
 from .conftest import assert_clean_prompts, client, grow, history, prompt_of, text_of
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentcompact.events import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall
-from agentcompact.pluginmanager import new_plugin_manager
+from agentcompact import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall, new_plugin_manager
 from agentcompact.plugins.recorder import Recorder
 
 __all__ = ["Recorder", "agent_loop", "assistant", "record", "tool", "user"]

@@ -12,18 +12,18 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from agentcompact import EpisodeEnd
 from agentcompact.errors import ConfigError, ExportError
-from agentcompact.events import EpisodeEnd
-from agentcompact.rl.schema import SegmentRowError, read_rows, write_parquet
+from agentcompact.rl import SegmentRowError, read_rows, write_parquet
+from agentcompact.trajectory import import_trajectories
+from agentcompact.trajectory._export_cli import main
+from agentcompact.trajectory._tokenize import ChatTokenizer
 from agentcompact.trajectory.export import (
     ExportOptions,
     export_runs,
     read_export,
     validate_export,
 )
-from agentcompact.trajectory.export_cli import main
-from agentcompact.trajectory.importers import import_trajectories
-from agentcompact.trajectory.tokenize import ChatTokenizer
 from tests.conftest import QWEN_TOKENIZER, TRAJECTORIES, needs_shared_data
 from tests.trajectory.runs import agent_loop, record
 
@@ -220,7 +220,7 @@ def test_read_rows_of_an_export_folder_is_its_segment_rows(tau_export: Path) -> 
 
 def test_a_token_break_is_labelled_prefix_break_never_compacted(
         tmp_path: Path, tok: ChatTokenizer) -> None:
-    from agentcompact.events import ModelCall
+    from agentcompact import ModelCall
 
     history = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
     reply = {"role": "assistant", "content": "ok"}
@@ -248,8 +248,8 @@ def test_every_field_is_on_the_dataset_card_and_files_are_private(
     import logging
     import os
 
-    from agentcompact.rl.card import EPISODE_FIELDS, SEGMENT_FIELDS
-    from agentcompact.rl.schema import EPISODE_SCHEMA, SEGMENT_SCHEMA
+    from agentcompact.rl import EPISODE_SCHEMA, SEGMENT_SCHEMA
+    from agentcompact.rl._card import EPISODE_FIELDS, SEGMENT_FIELDS
 
     assert set(SEGMENT_FIELDS) == set(SEGMENT_SCHEMA.names)
     assert set(EPISODE_FIELDS) == set(EPISODE_SCHEMA.names)

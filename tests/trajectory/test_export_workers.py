@@ -12,11 +12,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from agentcompact import EpisodeEnd
 from agentcompact.errors import ConfigError, TrajectoryError
-from agentcompact.events import EpisodeEnd
+from agentcompact.trajectory._export_cli import main
+from agentcompact.trajectory._tokenize import ChatTokenizer
 from agentcompact.trajectory.export import ExportOptions, export_runs, read_export
-from agentcompact.trajectory.export_cli import main
-from agentcompact.trajectory.tokenize import ChatTokenizer
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.trajectory.runs import agent_loop, record
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentcompact.events import EpisodeEnd
-from agentcompact.rl.schema import validate_rows
+from agentcompact import EpisodeEnd
+from agentcompact.rl import validate_rows
+from agentcompact.trajectory._tokenize import ChatTokenizer
 from agentcompact.trajectory.export import ExportOptions, export_runs, read_export
-from agentcompact.trajectory.tokenize import ChatTokenizer
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.trajectory.runs import agent_loop, record
 

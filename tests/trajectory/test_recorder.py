@@ -15,17 +15,17 @@ from pathlib import Path
 import orjson
 import pytest
 
+from agentcompact import ModelCall
 from agentcompact.errors import TornLineError, TrajectoryError
-from agentcompact.events import ModelCall
 from agentcompact.plugins.recorder import Recorder
-from agentcompact.trajectory.events_log import read_events
+from agentcompact.trajectory import read_events
 from agentcompact.trajectory.export import ExportOptions, export_runs
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 
 # A child process that records episodes forever (big lines so a kill often lands mid-write).
 _WRITER = r"""
 import sys
-from agentcompact.events import EpisodeEnd, ModelCall
+from agentcompact import EpisodeEnd, ModelCall
 from agentcompact.plugins.recorder import Recorder
 
 import time
@@ -186,7 +186,7 @@ def test_fsync_flag_writes_durably(tmp_path: Path) -> None:
 
 _BIG_WRITER = r"""
 import sys
-from agentcompact.events import ModelCall
+from agentcompact import ModelCall
 from agentcompact.plugins.recorder import Recorder
 
 rec = Recorder(sys.argv[1])

@@ -1,8 +1,8 @@
-"""The one redaction policy (agentcompact.redact): secret keys at any depth, counters kept."""
+"""The one redaction policy (agentcompact._redact): secret keys at any depth, counters kept."""
 
 from __future__ import annotations
 
-from agentcompact.redact import REDACTED, is_secret_key, redact
+from agentcompact._redact import REDACTED, is_secret_key, redact
 
 
 def test_secret_keys_are_redacted_at_any_depth_and_counters_are_not() -> None:

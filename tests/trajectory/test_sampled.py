@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 
-from agentcompact.integrations.upstream_sim.completion import Completion
-from agentcompact.integrations.upstream_sim.openai_wire import ChatWire
-from agentcompact.integrations.upstream_sim.responses_wire import ResponsesWire
-from agentcompact.integrations.upstream_sim.script import split_tokens
-from agentcompact.trajectory.sampled import (
+from agentcompact.testing._completion import Completion
+from agentcompact.testing._openai_wire import ChatWire
+from agentcompact.testing._responses_wire import ResponsesWire
+from agentcompact.testing._script import split_tokens
+from agentcompact.trajectory._sampled import (
     from_chat_chunks,
     from_chat_completion,
     from_responses,

@@ -7,10 +7,15 @@ from typing import Any
 
 import pytest
 
+from agentcompact import ModelCall
 from agentcompact.errors import TokenizerError
-from agentcompact.events import ModelCall
-from agentcompact.trajectory.segments import build_segments
-from agentcompact.trajectory.tokenize import ChatTokenizer, TokenStream, tail_text, to_chat_messages
+from agentcompact.trajectory._segments import build_segments
+from agentcompact.trajectory._tokenize import (
+    ChatTokenizer,
+    TokenStream,
+    tail_text,
+    to_chat_messages,
+)
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.trajectory.runs import agent_loop
 
@@ -65,7 +70,7 @@ def test_token_ids_equal_a_full_encode_of_the_template(tok: ChatTokenizer) -> No
 
 
 def tok_dialect() -> Any:
-    from agentcompact.trajectory.segments import get_dialect
+    from agentcompact import get_dialect
 
     return get_dialect("openai_chat")
 
@@ -199,7 +204,7 @@ def test_render_matches_apply_chat_template(tok: ChatTokenizer) -> None:
 
 
 def test_anthropic_blocks_convert_to_chat() -> None:
-    from agentcompact.trajectory.segments import get_dialect
+    from agentcompact import get_dialect
 
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},

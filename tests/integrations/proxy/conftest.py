@@ -12,7 +12,7 @@ import pytest
 
 from agentcompact import new_plugin_manager
 from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
-from agentcompact.integrations.upstream_sim import RunningServer, UpstreamSim, serve
+from agentcompact.testing import RunningServer, UpstreamSim, serve
 
 pytestmark = pytest.mark.network
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentcompact.integrations.upstream_sim import filler_text
+from agentcompact.testing import filler_text
 
 TASK = "Fix the failing test in tests/test_parser.py and explain the cause."
 

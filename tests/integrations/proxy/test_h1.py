@@ -1,4 +1,4 @@
-"""Wire tests for the proxy's HTTP/1.1 client (:mod:`agentcompact.integrations.proxy.h1`):
+"""Wire tests for the proxy's HTTP/1.1 client (:mod:`agentcompact.integrations.proxy._h1`):
 real loopback sockets, raw asyncio servers reading and writing exact bytes, every test
 run on asyncio's loop and on uvloop (the proxy serves on uvloop)."""
 
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from agentcompact.integrations.proxy.h1 import H1Client, Origin, UpstreamDropped, UpstreamError
+from agentcompact.integrations.proxy._h1 import H1Client, Origin, UpstreamDropped, UpstreamError
 
 pytestmark = pytest.mark.network
 

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from agentcompact.archive import handle_of, open_archive
+from agentcompact._archive import handle_of, open_archive
 
 from .conftest import ProxyFactory, Upstream
 from .histories import anthropic_history
@@ -53,8 +53,8 @@ def test_archive_answers_expand_after_a_restart(start_proxy: ProxyFactory, upstr
     originals = {handle_of(b["content"]): b["content"] for m in history
                  if isinstance(m["content"], list) for b in m["content"]
                  if b.get("type") == "tool_result" and isinstance(b.get("content"), str)}
-    code = ("import sys; from agentcompact.archive import SQLiteArchive; "
-            "from agentcompact.expand import expand; a = SQLiteArchive(sys.argv[1]); "
+    code = ("import sys; from agentcompact._archive import SQLiteArchive; "
+            "from agentcompact._expand import expand; a = SQLiteArchive(sys.argv[1]); "
             "print('\\x00'.join(expand(a, h, 0, 10**6).text for h in sys.argv[2:]), end='')")
     out = subprocess.run([sys.executable, "-c", code, str(path), *handles],
                          capture_output=True, check=True, text=True).stdout

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from agentcompact.integrations.proxy.bodies import BodyCache, encode, scan_body
+from agentcompact.integrations.proxy._bodies import BodyCache, encode, scan_body
 
 from .histories import anthropic_history, chat_history, responses_history
 

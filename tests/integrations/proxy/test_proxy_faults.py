@@ -14,10 +14,16 @@ import openai
 import orjson
 import pytest
 
-from agentcompact import CompactionEvent, get_dialect, hookimpl, new_plugin_manager, validate
-from agentcompact.engine import Engine
+from agentcompact import (
+    CompactionEvent,
+    Engine,
+    get_dialect,
+    hookimpl,
+    new_plugin_manager,
+    validate,
+)
 from agentcompact.integrations.proxy import ThreadedServer
-from agentcompact.integrations.upstream_sim import (
+from agentcompact.testing import (
     FAULT_HEADER,
     Fault,
     LatencyModel,

@@ -212,7 +212,7 @@ def test_held_requests_through_an_environment_proxy_go_by_aiohttp(
     # the absolute URL of an upstream only the forward proxy reaches (no such host here)
     from urllib.parse import urlsplit
 
-    from agentcompact.integrations.upstream_sim import serve
+    from agentcompact.testing import serve
 
     async def forward(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":

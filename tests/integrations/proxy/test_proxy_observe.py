@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-from agentcompact.integrations.upstream_sim import Reply, ToolCall
+from agentcompact.testing import Reply, ToolCall
 
 from .conftest import ProxyFactory, Upstream
 from .histories import anthropic_history, chat_history, responses_history

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from agentcompact.integrations.proxy import ThreadedServer
-from agentcompact.integrations.proxy.bodies import BodyCache
+from agentcompact.integrations.proxy._bodies import BodyCache
 
 from .conftest import ProxyFactory, Upstream
 from .histories import anthropic_history, chat_history, responses_history

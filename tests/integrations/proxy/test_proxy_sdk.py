@@ -14,7 +14,7 @@ import pytest
 
 from agentcompact import get_dialect, validate
 from agentcompact.integrations.proxy import ThreadedServer
-from agentcompact.integrations.upstream_sim import Reply, ToolCall
+from agentcompact.testing import Reply, ToolCall
 
 from .conftest import Upstream
 from .histories import anthropic_history, chat_history, responses_history

@@ -9,10 +9,10 @@ import pytest
 
 from agentcompact import ConfigError, get_dialect
 from agentcompact.integrations.proxy import ProxyConfig
-from agentcompact.integrations.proxy.cli import add_parser, build_config
-from agentcompact.integrations.proxy.observe import redact_headers, redact_json
-from agentcompact.integrations.proxy.reassemble import iter_sse, reassemble
-from agentcompact.integrations.proxy.wire import (
+from agentcompact.integrations.proxy._cli import add_parser, build_config
+from agentcompact.integrations.proxy._observe import redact_headers, redact_json
+from agentcompact.integrations.proxy._reassemble import iter_sse, reassemble
+from agentcompact.integrations.proxy._wire import (
     dialect_for,
     error_body,
     is_anthropic_path,
@@ -146,7 +146,7 @@ def _watch_run(disconnect_after: float, work_s: float) -> tuple[tuple[bool, obje
     ``disconnect_after`` s; returns its result and the task's pending cancellations after."""
     import asyncio
 
-    from agentcompact.integrations.proxy.relay import until_disconnect
+    from agentcompact.integrations.proxy._relay import until_disconnect
 
     async def receive() -> dict[str, str]:
         await asyncio.sleep(disconnect_after)
@@ -180,7 +180,7 @@ def test_client_watch_spans_steps_and_stops_the_step_running_when_the_client_lea
 ) -> None:
     import asyncio
 
-    from agentcompact.integrations.proxy.relay import ClientWatch
+    from agentcompact.integrations.proxy._relay import ClientWatch
 
     async def main() -> list[object]:
         leave = asyncio.Event()
@@ -212,7 +212,7 @@ def test_client_watch_spans_steps_and_stops_the_step_running_when_the_client_lea
 
 def test_upstreams_behind_an_environment_proxy_go_through_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentcompact.integrations.proxy.upstream import UpstreamClient, UpstreamError
+    from agentcompact.integrations.proxy._upstream import UpstreamClient, UpstreamError
 
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.test:3128")
     monkeypatch.setenv("NO_PROXY", "internal.test")

@@ -9,7 +9,7 @@ import sys
 import httpx
 from rich.console import Console
 
-from agentcompact.integrations.proxy.watch import render
+from agentcompact.integrations.proxy._watch import render
 
 from .conftest import ProxyFactory
 from .histories import anthropic_history
@@ -39,7 +39,7 @@ def test_render_shows_each_session_with_its_figures(start_proxy: ProxyFactory) -
 def test_watch_once_prints_the_snapshot_of_a_running_proxy(start_proxy: ProxyFactory) -> None:
     proxy = start_proxy(trigger=3000, counter="chars")
     _two_sessions(proxy)
-    done = subprocess.run([sys.executable, "-m", "agentcompact.cli", "watch", "--once",
+    done = subprocess.run([sys.executable, "-m", "agentcompact", "watch", "--once",
                            "--url", proxy.base_url],
                           env={**os.environ, "COLUMNS": "160"}, capture_output=True, text=True,
                           timeout=60, check=False)
@@ -49,7 +49,7 @@ def test_watch_once_prints_the_snapshot_of_a_running_proxy(start_proxy: ProxyFac
 
 
 def test_watch_names_a_proxy_that_is_not_there() -> None:
-    done = subprocess.run([sys.executable, "-m", "agentcompact.cli", "watch", "--once",
+    done = subprocess.run([sys.executable, "-m", "agentcompact", "watch", "--once",
                            "--url", "http://127.0.0.1:9"], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 1 and "no proxy status at http://127.0.0.1:9" in done.stderr

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentcompact import Budget, Engine, new_plugin_manager
-from agentcompact.hookspecs import hookimpl
-from agentcompact.integrations.proxy.speculation import Speculation
-from agentcompact.store import PrefixEntry
+from agentcompact import Budget, Engine, PrefixEntry, hookimpl, new_plugin_manager
+from agentcompact.integrations.proxy._speculation import Speculation
 
 from ...core.histories import build
 from ...core.test_engine_bound import OpaqueCounter

@@ -1,0 +1,314 @@
+"""The archive of what compaction left out: originals kept verbatim, found by handle.
+
+Every part the cliff strategy drops or truncates (a tool result, a tool call's arguments,
+assistant text) is written here under a **handle** derived from its content digest
+(``handle_of``), and the compaction message carries that handle in a skim line. The agent
+gets the original back with ``expand(handle)`` (see :mod:`agentcompact._expand`). The same
+content always has the same handle, so skim lines are byte-stable between cliffs and
+across restarts, and writing an item twice is a no-op.
+
+The backends are the prefix store's (``agentcompact.stores``), selected by the same URL:
+
+* :class:`SharedArchive` — on a SQLite file or a Redis server (``redis://``: replicas
+  expand what any of them dropped); fail-open like the prefix store.
+* :class:`SQLiteArchive` — the ``SharedArchive`` of a SQLite file (WAL journal; the file
+  and its ``-wal``/``-shm`` companions 0600, a created folder 0700). It survives restarts
+  and can be read by another process (the MCP server reads the proxy's archive).
+* :class:`MemoryArchive` — a dict, for tests and in-process agents that need no file.
+
+``open_archive(spec)`` turns a strategy setting into an archive: a path (``str`` or
+``Path``) opens a SQLite file, a store URL (``sqlite:///PATH``, ``redis://HOST:PORT``, as
+``--store``) the archive beside that store's prefixes (:class:`SharedArchive`),
+``":memory:"``, ``"memory"`` (``memory:``) or ``None`` a new in-memory archive, an object with
+``put_many``/``get``/``search`` is used as it is, ``False`` means no archive.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import xxhash
+
+from .errors import ArchiveError, ConfigError
+from .stores._shared import FAILED, FailOpen
+from .stores._sqlite_store import SQLiteBackend
+
+__all__ = [
+    "HANDLE_PREFIX",
+    "Archive",
+    "ArchivedItem",
+    "MemoryArchive",
+    "SQLiteArchive",
+    "SharedArchive",
+    "handle_of",
+    "is_handle",
+    "open_archive",
+]
+
+HANDLE_PREFIX = "ac-"
+_HANDLE_HEX = 12  # 48 bits: no collision expected among a few million archived parts
+
+
+def handle_of(text: str) -> str:
+    """The handle of ``text``: ``ac-`` and the first 12 hex digits of its xxh3-64 digest."""
+    digest = xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass"))
+    return HANDLE_PREFIX + digest[:_HANDLE_HEX]
+
+
+def is_handle(value: str) -> bool:
+    """True when ``value`` has the shape of a handle (it may still be unknown)."""
+    body = value[len(HANDLE_PREFIX):]
+    return (value.startswith(HANDLE_PREFIX) and len(body) == _HANDLE_HEX
+            and all(c in "0123456789abcdef" for c in body))
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedItem:
+    """One archived original: its handle, its text verbatim, and its skim line."""
+
+    handle: str
+    text: str
+    skim: str = ""
+
+
+@runtime_checkable
+class Archive(Protocol):
+    """What the cliff strategy and the expand tools need of an archive."""
+
+    def put_many(self, items: Iterable[ArchivedItem]) -> None:
+        """Store items (an item already stored under its handle is left as it is)."""
+        ...
+
+    def get(self, handle: str) -> ArchivedItem | None:
+        """The item stored under ``handle``, or ``None``."""
+        ...
+
+    def search(self, query: str, limit: int = 10) -> list[ArchivedItem]:
+        """Items whose text contains ``query`` (case-insensitive), most recent first."""
+        ...
+
+
+def _check_item(item: ArchivedItem) -> None:
+    if not isinstance(item, ArchivedItem):
+        raise ArchiveError(f"archive items must be ArchivedItem, got {type(item).__name__}")
+    if not is_handle(item.handle):
+        raise ArchiveError("archive item has a malformed handle (expected ac- and 12 hex "
+                           "digits)")
+
+
+class MemoryArchive:
+    """An archive in a dict (lost with the process)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, ArchivedItem] = {}
+        self._lock = threading.Lock()
+
+    def put_many(self, items: Iterable[ArchivedItem]) -> None:
+        with self._lock:
+            for item in items:
+                _check_item(item)
+                self._items.setdefault(item.handle, item)
+
+    def get(self, handle: str) -> ArchivedItem | None:
+        return self._items.get(handle)
+
+    def search(self, query: str, limit: int = 10) -> list[ArchivedItem]:
+        needle = query.casefold()
+        with self._lock:
+            items = list(self._items.values())
+        hits = [it for it in reversed(items) if needle in it.text.casefold()]
+        return hits[:max(0, limit)]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+_CACHE_ITEMS = 512
+_CACHE_CHARS = 32 * 1024 * 1024
+_WRITTEN = 65_536  # handles this process knows are stored: not sent again
+_MAX_PENDING = 4096  # items written while the backend was down, written back on recovery
+
+
+class SharedArchive:
+    """An archive on a shared backend (``agentcompact.stores``: a SQLite file, a Redis
+    server), the same backends and URL as the prefix store: replicas given one ``--store``
+    URL expand what any of them dropped.
+
+    Fail-open, like the prefix store: a backend call that fails never fails a compaction
+    or an expand. It is warned about once, counted (``status()``); items written meanwhile
+    stay in this process (served by ``get`` and ``search``) and are written back when the
+    backend answers again (tried at most every ``retry_after`` seconds). A process keeps
+    the items it wrote or read last (content-addressed: a cached item is always right).
+    """
+
+    def __init__(self, backend: Any, *, retry_after: float = 5.0) -> None:
+        self.backend = backend
+        self._lock = threading.RLock()
+        self._recent: OrderedDict[str, ArchivedItem] = OrderedDict()
+        self._recent_chars = 0
+        self._written: OrderedDict[str, None] = OrderedDict()
+        self._pending: OrderedDict[str, ArchivedItem] = OrderedDict()
+        self._guard = FailOpen(backend, "archive", "keeping dropped originals in this "
+                               "process", retry_after, lambda: len(self._pending))
+        self._stats = {"written": 0, "written_back": 0, "fetched": 0}
+
+    def put_many(self, items: Iterable[ArchivedItem]) -> None:
+        batch: dict[str, ArchivedItem] = {}
+        for item in items:
+            _check_item(item)
+            batch.setdefault(item.handle, item)
+        with self._lock:
+            if self._pending:
+                self._write_back()
+            new = [it for h, it in batch.items()
+                   if h not in self._written and h not in self._pending]
+            for item in new:
+                self._remember(item)
+            if not new:
+                return
+            if self._guard.call("archive_put", [_row(it) for it in new]) is FAILED:
+                for item in new:
+                    self._pending[item.handle] = item
+                while len(self._pending) > _MAX_PENDING:
+                    self._pending.popitem(last=False)
+                return
+            self._stats["written"] += len(new)
+            self._mark_written(it.handle for it in new)
+
+    def get(self, handle: str) -> ArchivedItem | None:
+        with self._lock:
+            hit = self._recent.get(handle) or self._pending.get(handle)
+            if hit is not None:
+                return hit
+            row = self._guard.call("archive_get", handle)
+            if row is FAILED or row is None:
+                return None
+            self._stats["fetched"] += 1
+            item = ArchivedItem(*row)
+            self._remember(item)
+            return item
+
+    def search(self, query: str, limit: int = 10) -> list[ArchivedItem]:
+        if not query:
+            return []
+        limit = max(0, limit)
+        needle = query.casefold()
+        with self._lock:
+            found = [it for it in reversed(self._pending.values())
+                     if needle in it.text.casefold()]
+            rows = self._guard.call("archive_search", query, limit)
+            if rows is FAILED:  # what this process holds
+                rows = [_row(it) for it in reversed(self._recent.values())
+                        if needle in it.text.casefold()]
+        seen = {it.handle for it in found}
+        found += [ArchivedItem(*r) for r in rows if r[0] not in seen]
+        return found[:limit]
+
+    def __len__(self) -> int:
+        with self._lock:
+            count = self._guard.call("archive_count")
+            return len(self._pending) + (len(self._recent) if count is FAILED else count)
+
+    def status(self) -> dict[str, Any]:
+        """Counters for a status page: backend, availability, failures, writes."""
+        with self._lock:
+            return {**self._guard.status(), "cached": len(self._recent),
+                    "pending_write_back": len(self._pending), **self._stats}
+
+    def close(self) -> None:
+        """Close the backend's connection (``open_archive`` opens a new archive for this
+        file after)."""
+        with _open_lock:
+            for key, found in list(_open.items()):
+                if found is self:
+                    del _open[key]
+        self.backend.close()
+
+    def _write_back(self) -> None:
+        items = list(self._pending.values())
+        if self._guard.call("archive_put", [_row(it) for it in items]) is FAILED:
+            return
+        self._pending.clear()
+        self._stats["written_back"] += len(items)
+        self._mark_written(it.handle for it in items)
+
+    def _mark_written(self, handles: Iterable[str]) -> None:
+        for handle in handles:
+            self._written[handle] = None
+        while len(self._written) > _WRITTEN:
+            self._written.popitem(last=False)
+
+    def _remember(self, item: ArchivedItem) -> None:
+        old = self._recent.pop(item.handle, None)
+        if old is not None:
+            self._recent_chars -= len(old.text)
+        self._recent[item.handle] = item
+        self._recent_chars += len(item.text)
+        while len(self._recent) > 1 and (len(self._recent) > _CACHE_ITEMS
+                                         or self._recent_chars > _CACHE_CHARS):
+            _, evicted = self._recent.popitem(last=False)
+            self._recent_chars -= len(evicted.text)
+
+
+def _row(item: ArchivedItem) -> tuple[str, str, str]:
+    return item.handle, item.text, item.skim
+
+
+class SQLiteArchive(SharedArchive):
+    """An archive in a SQLite file (WAL; files 0600, a created folder 0700): the
+    ``dropped`` table of the prefix store's SQLite backend, so one file can hold both.
+
+    Other processes (the MCP server beside a proxy) open the same file and see committed
+    items. The file is opened on first use; one that cannot be (a read-only folder) is
+    fail-open as for every ``SharedArchive``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, retry_after: float = 5.0) -> None:
+        self.path = Path(path)
+        super().__init__(SQLiteBackend(self.path), retry_after=retry_after)
+
+
+_open: dict[str, SharedArchive] = {}
+_open_lock = threading.Lock()
+_URL_SCHEMES = ("sqlite:", "redis:", "rediss:", "unix:")
+
+
+def open_archive(spec: object) -> Archive | None:
+    """The archive a strategy setting names (see the module docstring); a path or a store
+    URL opens one ``SharedArchive`` per file (or URL) and process, shared by every strategy
+    naming it.
+
+    :raises StoreError: a store URL that does not parse (as ``store_from_url``).
+    """
+    if spec is False:
+        return None
+    if spec is None or spec == ":memory:" or (
+            isinstance(spec, str) and spec.partition(":")[0].lower() == "memory"):
+        return MemoryArchive()
+    if isinstance(spec, str) and spec.lower().startswith(_URL_SCHEMES):
+        from .stores import backend_from_url
+
+        with _open_lock:
+            found = _open.get(spec)
+            if found is None:
+                backend, options = backend_from_url(spec)
+                found = _open[spec] = SharedArchive(
+                    backend, retry_after=options.get("retry_after", 5.0))
+        return found
+    if isinstance(spec, (str, os.PathLike)):
+        key = os.path.realpath(os.path.expanduser(os.fspath(spec)))
+        with _open_lock:  # one connection per file and process (a proxy has many engines)
+            found = _open.get(key)
+            if found is None:
+                found = _open[key] = SQLiteArchive(key)
+        return found
+    if isinstance(spec, Archive):
+        return spec
+    raise ConfigError(f"archive must be a path, ':memory:', False or an object with "
+                      f"put_many/get/search; got {type(spec).__name__}")

@@ -1,0 +1,1139 @@
+"""The engine: decide, cut, render, store, validate — the same way for every strategy.
+
+``Engine.compact(messages)`` returns the list to send. Rules it keeps for any strategy:
+
+- **never compact a compaction**: strategies receive original messages; a compaction
+  message that comes back as input is carried on verbatim, never rendered again;
+- **prefix store**: a compaction is stored under the chain digest of the original prefix
+  it replaced (seeded with the engine's settings fingerprint and episode); later calls
+  carrying that prefix reuse the identical compacted prefix until the next cliff (cache
+  hits). A long history arriving at once is compacted by replaying
+  the threshold crossings at each turn start, so it gets the result an incrementally
+  called engine would have;
+- **one-way pipeline**: view → decide → plan the cut → render → validate → store →
+  assemble → report; the engine checks validity (dialect rules, the thinking-loop rule),
+  pins, kept messages (instructions, opaque items, compaction messages fed back in) and
+  the budget for any strategy, and stores only what passed;
+- **fail-open**: a strategy that raises or fails a check yields the cliff result, then a
+  plain safe cut, then the uncompacted history — every rung validated; the errors and the
+  rung go to ``on_compaction`` (no message content), never the context;
+- **deterministic**; the caller's list and messages are never mutated; kept messages are
+  passed through by reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import functools
+import inspect
+import itertools
+import logging
+import operator
+import re
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ParamSpec
+
+import orjson
+import pluggy
+import xxhash
+
+from ._budget import Budget
+from ._events import CompactionEvent, DroppedItem, new_id
+from ._markers import COMPACTION_HEADER
+from ._pluginmanager import get_plugin_manager, registry
+from ._settings import StrategySettings
+from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore, chain_digests
+from ._tokens import MessageMeter, TokenCounter, make_counter
+from ._turns import loop_start, problems, split_turns, starts_with_thinking, thinking_loop_error
+from .dialects._base import Dialect, json_text
+from .errors import AgentCompactError, ConfigError, DialectError, OverBudgetError, PluginError
+from .strategies._base import CompactionRequest, Rendered
+from .strategies._cliff import CliffStrategy
+
+__all__ = ["CompactionResult", "Engine", "describe_error"]
+
+log = logging.getLogger("agentcompact")
+_P = ParamSpec("_P")
+
+_TAIL_SHARE = 0.75  # kept turns may use this share of the target; the rest is for rendering
+_TRUNCATE_FLOOR = 1_000  # tokens: kept messages above this may be truncated (last resort)
+
+
+@dataclass
+class CompactionResult:
+    """What ``Engine.compact`` returns.
+
+    ``messages`` is the list to send. ``compacted`` is true when this call performed a
+    compaction; ``modified`` when ``messages`` differs from the input at all (a stored
+    compacted prefix was substituted). ``tokens_original`` is the input history,
+    ``tokens_before`` what would have been sent without a new compaction,
+    ``tokens_after`` what is sent.
+    """
+
+    messages: list[Any]
+    compacted: bool
+    modified: bool
+    tokens_original: int
+    tokens_before: int
+    tokens_after: int
+    over_budget: bool = False
+    event: CompactionEvent | None = None
+    events: list[CompactionEvent] = field(default_factory=list)
+    head_len: int = 0
+    cut: int = 0
+
+    @property
+    def saved_tokens(self) -> int:
+        return self.tokens_original - self.tokens_after
+
+
+@dataclass
+class _View:
+    messages: list[Any]
+    digests: list[str]
+    tokens: list[int]
+    chain: list[str]
+    prefix: list[int]  # prefix[i] = tokens of messages[:i]
+    fixed: int = 0  # tokens sent besides the messages (system prompt, tool schemas)
+    raw: list[Any] | None = None  # digests of each message's JSON as sent, if taken
+
+
+@dataclass
+class _State:
+    entry: PrefixEntry | None
+
+    def tokens_at(self, view: _View, end: int) -> int:
+        e = self.entry
+        if e is None:
+            return view.prefix[end] + view.fixed
+        total = view.fixed + view.prefix[e.head_len] + e.message_tokens
+        total += view.prefix[end] - view.prefix[e.cut]
+        for idx in e.kept:
+            total += view.tokens[idx]
+        for idx, (digest, _, tokens) in e.overrides.items():
+            if idx < end and view.digests[idx] == digest:
+                total += tokens - view.tokens[idx]
+        return total
+
+    def messages_at(self, view: _View, end: int) -> list[Any]:
+        e = self.entry
+        msgs = view.messages
+        if e is None:
+            return msgs[:end]
+        out = msgs[: e.head_len]
+        if e.kept:
+            out += [msgs[i] for i in e.kept]
+        if e.message is not None:
+            out.append(e.message)
+        tail = msgs[e.cut : end]
+        for idx, (digest, copy, _) in e.overrides.items():
+            if e.cut <= idx < end and view.digests[idx] == digest:
+                tail[idx - e.cut] = copy
+        return out + tail
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Outcome of "plan the cut": compact ``messages[:c]`` by sending ``[:head_len]``,
+    the span's ``kept`` messages verbatim, the strategy's message (``budget_tokens``) and
+    ``[cut:c]`` (``overrides``: kept messages truncated to make room)."""
+
+    c: int
+    head_len: int
+    span_start: int
+    cut: int
+    kept: tuple[int, ...]
+    pinned: tuple[int, ...]  # pinned messages of the span (their text must be in the message)
+    pins: tuple[int, ...]  # every pinned message of [head_len, c): never truncated
+    recent_turns: int
+    target: int
+    budget_tokens: int
+    overrides: tuple[tuple[int, tuple[str, Any, int]], ...]
+    reason: str
+    level: int
+    before: int
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """Outcome of "validate" for one rung: the entry, and the problem that rejects it."""
+
+    entry: PrefixEntry | None
+    rung: str
+    rendered: Rendered | None
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What the pipeline hands to "assemble": the view, the tokens that would have been
+    sent, the state (stored entry in force) and the compaction events."""
+
+    view: _View
+    before: int
+    state: _State
+    events: tuple[CompactionEvent, ...]
+
+
+_Pipeline = Generator[tuple[str, CompactionRequest], tuple[Rendered | None, str | None],
+                      _Outcome]
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_FINGERPRINT_HOOKS = ("agentcompact_pin", "agentcompact_render_message",
+                      "agentcompact_summary_prompt")
+
+
+def describe_error(exc: BaseException) -> str:
+    """An error for events and logs: its type, and its message only for agentcompact's own
+    errors (which name the problem by index, type or field, never by content). A foreign
+    exception's message may quote the history: it is left out."""
+    if isinstance(exc, AgentCompactError):
+        return f"{type(exc).__name__}: {exc}"
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:  # where it was raised: a function and a line, never a value
+        code = tb.tb_frame.f_code
+        where = f" in {code.co_name} ({code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})"
+    return f"{type(exc).__name__}{where} (message withheld: it may quote the history)"
+
+
+def _rendered_or_error(rendered: Any) -> tuple[Rendered | None, str | None]:
+    if not isinstance(getattr(rendered, "tokens", None), int) or not hasattr(rendered,
+                                                                              "message"):
+        return None, (f"PluginError: the strategy returned a {type(rendered).__name__}, not "
+                      "a Rendered")
+    return rendered, None
+
+
+def _thinking_safe(cuts: list[int], msgs: Sequence[Any], c: int, dialect: Dialect) -> list[int]:
+    """The cuts that keep the thinking-loop rule: when the tool loop running at ``c``
+    starts with thinking, a cut inside it must land on a message starting with thinking."""
+    start = loop_start(msgs, dialect, c)
+    if start is None or not starts_with_thinking(msgs[start], dialect):
+        return cuts
+    # not even at ``c`` itself: the loop's next steps would follow the compaction message
+    return [s for s in cuts if s <= start or (s < c and starts_with_thinking(msgs[s], dialect))]
+
+
+def _stable_repr(value: Any, depth: int = 0) -> str:
+    """A repr without memory addresses (the same in every process)."""
+    if depth < 3 and hasattr(value, "__dict__") and not isinstance(value, type):
+        items = sorted((str(k), _stable_repr(v, depth + 1)) for k, v in vars(value).items())
+        return f"{type(value).__qualname__}{items}"
+    if depth < 3 and isinstance(value, dict):
+        return "{" + ",".join(sorted(f"{k!r}:{_stable_repr(v, depth + 1)}"
+                                     for k, v in value.items())) + "}"
+    return _ADDRESS.sub("", repr(value))
+
+
+#: constructor parameters that moved, and where to (a ``TypeError`` names them)
+_MOVED = {
+    "trigger_tokens": "budget=Budget(trigger_tokens=...)",
+    "target_tokens": "budget=Budget(..., target_tokens=...)",
+    "strategy_settings": "strategy=StrategySettings(name, options={...})",
+    "summarizer": "strategy=StrategySettings(name, summarizer=...)",
+    "base_url": "strategy=StrategySettings(name, base_url=...)",
+    "model": "strategy=StrategySettings(name, model=...)",
+    "api_key": "strategy=StrategySettings(name, api_key=...)",
+    "validate_output": "nothing: output is always validated",
+    "max_cached_messages": "counter=MessageMeter(counter, dialect, max_entries=...)",
+}
+
+
+def _named_moves(init: Callable[_P, None]) -> Callable[_P, None]:
+    """``Engine.__init__`` raising a ``TypeError`` that says where a moved parameter went
+    (type checkers and ``inspect.signature`` still see the real parameters)."""
+    @functools.wraps(init)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        moved = [name for name in kwargs if name in _MOVED]
+        if moved:
+            where = "; ".join(f"{name}= is now {_MOVED[name]}" for name in moved)
+            raise TypeError(f"Engine() got moved parameter(s): {where}")
+        init(*args, **kwargs)
+    return wrapper
+
+
+def _check_settings(name: str, factory: Callable[..., Any], settings: dict[str, Any]) -> None:
+    """A clear error when a strategy does not take the given settings (``summarizer`` or
+    ``model`` given to ``cliff``, a misspelt knob), before anything is constructed."""
+    if not settings:
+        return
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # builtins / C callables: let the call decide
+        return
+    try:
+        sig.bind(**settings)
+    except TypeError as exc:
+        raise ConfigError(f"strategy {name!r} does not take the settings "
+                          f"{', '.join(sorted(settings))}: {exc}") from None
+
+
+class Engine:
+    """Compacts message histories of one dialect under a token budget.
+
+    >>> engine = Engine(strategy="cliff", dialect="anthropic",
+    ...                 budget=Budget(trigger_tokens=60000))   # doctest: +SKIP
+    >>> result = engine.compact(messages)                       # doctest: +SKIP
+    >>> send(result.messages)                                   # doctest: +SKIP
+
+    :param strategy: a registered strategy name, a :class:`StrategySettings` (a name with
+        its options and summarizer settings) or a strategy object.
+    :param dialect: a registered dialect name or a ``Dialect``.
+    :param budget: the token budget (default ``Budget(trigger_tokens=100_000)``).
+    :param counter: ``"tiktoken"`` (default, o200k_base), ``"tiktoken:ENC"``, ``"hf:PATH"``,
+        ``"chars"``, a ``TokenCounter``, or a :class:`~agentcompact._tokens.MessageMeter` of
+        this dialect: a counter with its per-message token/digest cache, to bound the cache
+        (``max_entries``; long-lived servers holding many engines lower it) or to share it
+        between engines used from one thread (default: a cache of 200,000 messages).
+    :param store: a ``PrefixStore`` (default: in-memory LRU); share one between engines
+        of the same settings (or proxy workers) to share compacted prefixes.
+    :param plugins: a pluggy ``PluginManager`` (default: the process-wide one).
+    :param strict: raise ``OverBudgetError`` when the context is still over the budget's
+        limit after every escalation (default: send it anyway and flag ``over_budget``).
+    :param episode_id: stamped on events for RL export, and the scope of the prefix-store
+        keys: engines of other episodes never reuse its compactions (``new_episode()``
+        starts a new one).
+
+    The configuration is read back from the read-only attributes ``strategy``,
+    ``strategy_name``, ``dialect``, ``budget``, ``counter``, ``store``, ``pm`` (the plugin
+    manager), ``strict`` and ``episode_id``.
+    """
+
+    @_named_moves
+    def __init__(
+        self,
+        strategy: str | StrategySettings | Any = "cliff",
+        dialect: str | Dialect = "openai_chat",
+        budget: Budget | None = None,
+        *,
+        counter: str | TokenCounter | MessageMeter | None = None,
+        store: PrefixStore | None = None,
+        plugins: pluggy.PluginManager | None = None,
+        strict: bool = False,
+        episode_id: str | None = None,
+    ) -> None:
+        self._pm = plugins if plugins is not None else get_plugin_manager()
+        reg = registry(self._pm)
+        self._dialect = reg.dialect(dialect) if isinstance(dialect, str) else dialect
+        if budget is None:
+            budget = Budget(trigger_tokens=100_000)
+        elif not isinstance(budget, Budget):
+            raise ConfigError(f"budget must be a Budget, got {type(budget).__name__}")
+        self._budget = budget
+        if isinstance(strategy, str):
+            strategy = StrategySettings(strategy)
+        self._settings: dict[str, Any] = {}
+        if isinstance(strategy, StrategySettings):
+            factory = reg.strategy_factory(strategy.name)
+            self._settings = strategy.factory_kwargs()
+            _check_settings(strategy.name, factory, self._settings)
+            strategy = factory(**self._settings)
+        if not callable(getattr(strategy, "compact", None)):
+            raise ConfigError(f"strategy {strategy!r} has no compact(request) method")
+        self._strategy = strategy
+        self._fallback = CliffStrategy()
+        if isinstance(counter, MessageMeter):
+            if counter.dialect is not self._dialect:
+                raise ConfigError(f"counter: a MessageMeter of dialect {counter.dialect.name!r} "
+                                  f"given to an engine of dialect {self._dialect.name!r}")
+            self._meter = counter
+        else:
+            self._meter = MessageMeter(make_counter(counter), self._dialect)
+        self._counter = self._meter.counter
+        self._store: PrefixStore = store if store is not None else InMemoryPrefixStore()
+        self._strict = strict
+        self._episode_id = episode_id
+        self._lock = threading.RLock()
+        self._last_view: _View | None = None
+        # the last prefix-store lookup: (store, its version, n, chain key of n, hit length)
+        self._scan: tuple[Any, int, int, str, int] | None = None
+        self._by_json = type(self._dialect).digest is Dialect.digest
+        self._fixed_cache: dict[str, int] = {}
+        self._fixed_last: tuple[tuple[Any, Any, Any], int] | None = None
+        self._warned = False
+        self._warned_fixed = False
+        self._min_budget = _min_budget(self._strategy)
+        self._plugins_key: tuple[int, ...] | None = None
+        self._seed = ""
+        self._refresh_seed()
+
+    # --- store scope: configuration fingerprint and episode ---------------------------
+    def fingerprint(self) -> str:
+        """A digest of everything that changes this engine's output for a given history:
+        the strategy and its settings, the budget, the dialect, the counter, the plugins
+        that pin or render, output validation. It seeds the chain digests that key the
+        prefix store (with the episode), so engines of other settings sharing a store
+        never reuse each other's compactions."""
+        strategy = self._strategy
+        own = getattr(strategy, "fingerprint", None)
+        if callable(own):
+            own = own()
+        settings = own if isinstance(own, str) else _stable_repr(
+            self._settings if self._settings else strategy)
+        plugins = sorted(
+            f"{name}:{self._pm.get_name(impl.plugin)}:{impl.function.__qualname__}"
+            for name in _FINGERPRINT_HOOKS
+            for impl in getattr(self._pm.hook, name).get_hookimpls())
+        parts = ["agentcompact-store-2", self.strategy_name,
+                 f"{type(strategy).__module__}.{type(strategy).__qualname__}", settings,
+                 repr(self._budget), self._dialect.name,
+                 f"{type(self._dialect).__module__}.{type(self._dialect).__qualname__}",
+                 str(getattr(self._counter, "name", type(self._counter).__qualname__)),
+                 "True", *plugins]  # "True": output validated (always; kept: same keys)
+        return xxhash.xxh3_128_hexdigest("\x00".join(parts).encode("utf-8", "surrogatepass"))
+
+    def new_episode(self, episode_id: str | None = None) -> str:
+        """Start a new episode (an RL rollout, a new task on a reused client): later
+        compactions are stored under a scope of their own, so nothing compacted in an
+        earlier episode is reused, and events carry the new ``episode_id`` (default: a
+        fresh id). Returns it. ``Engine(episode_id=...)`` scopes from the start."""
+        with self._lock:
+            self._episode_id = episode_id if episode_id is not None else new_id()
+            self._refresh_seed(force=True)
+        return self._episode_id
+
+    def _refresh_seed(self, force: bool = False) -> None:
+        """Recompute the store seed when the plugins that shape the output changed."""
+        key = tuple(id(impl.function) for name in _FINGERPRINT_HOOKS
+                    for impl in getattr(self._pm.hook, name).get_hookimpls())
+        if not force and key == self._plugins_key:
+            return
+        self._plugins_key = key
+        seed = xxhash.xxh3_128_hexdigest(
+            f"{self.fingerprint()}\x00{self._episode_id or ''}".encode("utf-8", "surrogatepass"))
+        if seed != self._seed:
+            self._seed = seed
+            self._last_view = None
+            self._scan = None
+
+    # --- configuration, read back ----------------------------------------------------
+    @property
+    def strategy(self) -> Any:
+        """The strategy object compacting (built from the name or settings given)."""
+        return self._strategy
+
+    @property
+    def strategy_name(self) -> str:
+        return str(getattr(self._strategy, "name", type(self._strategy).__name__))
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._dialect
+
+    @property
+    def budget(self) -> Budget:
+        return self._budget
+
+    @property
+    def counter(self) -> TokenCounter:
+        return self._counter
+
+    @property
+    def store(self) -> PrefixStore:
+        return self._store
+
+    @property
+    def pm(self) -> pluggy.PluginManager:
+        """The plugin manager the engine calls its hooks on."""
+        return self._pm
+
+    @property
+    def strict(self) -> bool:
+        return self._strict
+
+    @property
+    def episode_id(self) -> str | None:
+        return self._episode_id
+
+    # --- public API -----------------------------------------------------------------
+    def compact(self, messages: Sequence[Any], *, force: bool = False,
+                fixed_tokens: int = 0) -> CompactionResult:
+        """The messages to send for ``messages`` (see the module docstring).
+
+        ``force`` compacts even under the trigger, one escalation level harder (reactive
+        retry after a provider's context-length error). ``fixed_tokens`` is what the request
+        carries besides the messages (system prompt, tool schemas): the budget covers both,
+        and the result's token figures include it.
+        """
+        return self._drive(messages, self._pipeline(messages, force, fixed_tokens))
+
+    async def acompact(self, messages: Sequence[Any], *, force: bool = False,
+                       fixed_tokens: int = 0) -> CompactionResult:
+        """``compact`` for async code: awaits strategies that define ``acompact``."""
+        return await self._adrive(messages, self._pipeline(messages, force, fixed_tokens))
+
+    def compact_request(self, body: dict[str, Any], *, force: bool = False
+                        ) -> tuple[dict[str, Any], CompactionResult]:
+        """Compact a provider request body; returns (body to send, result).
+
+        The body is returned unchanged (same object) when nothing was modified. The
+        system prompt, instructions and tool schemas count against the budget.
+        """
+        result = self.compact(self._dialect.messages_of(body), force=force,
+                              fixed_tokens=self.fixed_tokens(body))
+        if not result.modified:
+            return body, result
+        return self._dialect.with_messages(body, result.messages), result
+
+    def fixed_tokens(self, body: dict[str, Any]) -> int:
+        """Tokens of a request body besides its messages: system, instructions, tools.
+
+        Remembered by content, and by identity for the last body's values (a proxy's next
+        request shares them when unchanged: Claude Code's ~80 kB of tools are then not
+        serialized again). Like messages, the values are taken as immutable once counted.
+        """
+        values = (body.get("system"), body.get("instructions"), body.get("tools"))
+        last = self._fixed_last
+        if last is not None and all(map(operator.is_, values, last[0])):
+            return last[1]
+        texts = [value if isinstance(value, str) else json_text(value)
+                 for value in values if value]
+        cached = 0
+        if texts:
+            key = "\x00".join(texts)
+            found = self._fixed_cache.get(key)
+            if found is None:
+                found = sum(self._counter.count_texts(texts))
+                if len(self._fixed_cache) > 256:
+                    self._fixed_cache.clear()
+                self._fixed_cache[key] = found
+            cached = found
+        self._fixed_last = (values, cached)
+        return cached
+
+    def _token_bound(self, messages: Sequence[Any]) -> int | None:
+        """Private but stable, for the proxy's speculation (integrations/proxy/_speculation.py):
+        an upper bound on :meth:`count` of ``messages`` without tokenizing the ones not
+        counted yet, or ``None`` when the counter gives no such bound."""
+        with self._lock:
+            return self._meter.bound(messages)
+
+    def count(self, messages: Sequence[Any]) -> int:
+        """Tokens of ``messages`` in this engine's counter (cached per message)."""
+        with self._lock:
+            return sum(self._meter.measure(messages).tokens)
+
+    def context_tokens(self, messages: Sequence[Any]) -> int:
+        """Tokens that would be sent for ``messages`` without a new compaction (the stored
+        compacted prefix substituted)."""
+        view = self._view(messages)
+        n = len(view.messages)
+        return _State(self._lookup(view, n)).tokens_at(view, n)
+
+    def precompact(self, messages: Sequence[Any]) -> CompactionResult:
+        """Compact ``messages`` now, under the trigger, and store the result in the prefix
+        store: the next ``compact`` of a history extending ``messages`` substitutes it
+        (background compaction, see ``agentcompact._background``). Reason ``"background"``.
+        """
+        return self._drive(messages, self._precompact_pipeline(messages))
+
+    async def aprecompact(self, messages: Sequence[Any]) -> CompactionResult:
+        """``precompact`` for async code (awaits strategies that define ``acompact``)."""
+        return await self._adrive(messages, self._precompact_pipeline(messages))
+
+    def _precompact_pipeline(self, messages: Sequence[Any]) -> _Pipeline:
+        if not isinstance(messages, (list, tuple)):
+            raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
+        view = self._view(messages)
+        n = len(view.messages)
+        state = _State(self._lookup(view, n))
+        before = state.tokens_at(view, n)
+        starts = split_turns(view.messages, self._dialect).starts
+        entry, event = yield from self._compact_at(view, starts, n, state, "background", 0)
+        if entry is not None:
+            self._store.put(view.chain[entry.cut - 1], entry)  # validated: see _check
+            state = _State(entry)
+        return _Outcome(view, before, state, (event,) if event is not None else ())
+
+    # --- driving a pipeline: the only difference between the sync and async APIs -------
+    # ``_finish`` runs outside the ``except StopIteration``: an error it raises (strict
+    # mode, a raising ``on_compaction`` plugin) must not chain the StopIteration, whose
+    # value holds the whole history.
+    # A DialectError names the message it is about by index and type (found again on
+    # this error path only, so the hot path pays nothing for it).
+    def _drive(self, messages: Sequence[Any], gen: _Pipeline) -> CompactionResult:
+        try:
+            step = next(gen)
+            while True:
+                step = gen.send(self._render_sync(*step))
+        except StopIteration as stop:
+            outcome: _Outcome = stop.value
+        except DialectError:
+            self._name_bad_message(messages)
+            raise
+        return self._finish(outcome)
+
+    async def _adrive(self, messages: Sequence[Any], gen: _Pipeline) -> CompactionResult:
+        try:
+            step = next(gen)
+            while True:
+                step = gen.send(await self._render_async(*step))
+        except StopIteration as stop:
+            outcome: _Outcome = stop.value
+        except DialectError:
+            self._name_bad_message(messages)
+            raise
+        return self._finish(outcome)
+
+    # --- rendering: one rung of the fallback chain ----------------------------------
+    def _strategy_for(self, rung: str) -> Any:
+        return self._strategy if rung == "strategy" else self._fallback
+
+    def _render_sync(self, rung: str, request: CompactionRequest
+                     ) -> tuple[Rendered | None, str | None]:
+        strategy = self._strategy_for(rung)
+        try:
+            rendered = strategy.compact(request)
+            if inspect.isawaitable(rendered):
+                close = getattr(rendered, "close", None)
+                if close is not None:
+                    close()
+                raise ConfigError(f"strategy {self.strategy_name!r} is async-only: use acompact")
+            return _rendered_or_error(rendered)
+        except Exception as exc:  # fail-open: the next rung renders
+            return None, describe_error(exc)
+
+    async def _render_async(self, rung: str, request: CompactionRequest
+                            ) -> tuple[Rendered | None, str | None]:
+        strategy = self._strategy_for(rung)
+        try:
+            acompact = getattr(strategy, "acompact", None)
+            if acompact is not None:
+                return _rendered_or_error(await acompact(request))
+            rendered = strategy.compact(request)
+            if inspect.isawaitable(rendered):
+                rendered = await rendered
+            return _rendered_or_error(rendered)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return None, describe_error(exc)
+
+    # --- the pipeline ---------------------------------------------------------------
+    # view → decide → plan the cut → render → validate → store → assemble → report.
+    def _pipeline(self, messages: Sequence[Any], force: bool, fixed: int = 0) -> _Pipeline:
+        if not isinstance(messages, (list, tuple)):
+            raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
+        view = self._view(messages)                                        # view
+        view.fixed = fixed
+        n = len(view.messages)
+        state = _State(self._lookup(view, n))
+        before = state.tokens_at(view, n)
+        events: list[CompactionEvent] = []
+        if not (force or self._should_compact(view, state, n)):           # decide
+            return _Outcome(view, before, state, ())
+        turns = split_turns(view.messages, self._dialect)
+        points = [s for s in turns.starts if s > (state.entry.cut if state.entry else 0)]
+        if not points or points[-1] != n:
+            points.append(n)
+        initial = state.entry
+        for c in points:
+            last = c == n
+            if not last and state.tokens_at(view, c) <= self._budget.trigger:
+                continue
+            if last and not force and state.entry is not initial and not self._should_compact(
+                view, state, n
+            ):
+                break
+            reason = "reactive" if force and last else ("trigger" if last else "replay")
+            entry, event = yield from self._compact_at(view, turns.starts, c, state, reason,
+                                                       1 if force and last else 0)
+            if event is not None:
+                events.append(event)
+            if entry is not None:                                          # store
+                self._store.put(view.chain[entry.cut - 1], entry)  # validated: see _check
+                state = _State(entry)
+        return _Outcome(view, before, state, tuple(events))
+
+    def _compact_at(
+        self, view: _View, starts: Sequence[int], c: int, state: _State, reason: str, level: int,
+    ) -> Generator[tuple[str, CompactionRequest], tuple[Rendered | None, str | None],
+                   tuple[PrefixEntry | None, CompactionEvent | None]]:
+        t0 = time.perf_counter()
+        plan = self._plan(view, starts, c, state, reason, level)          # plan the cut
+        if plan is None:
+            return None, None
+        request = CompactionRequest(
+            messages=view.messages[:c], dialect=self._dialect, head_len=plan.head_len,
+            span_start=plan.span_start, cut=plan.cut, budget_tokens=plan.budget_tokens,
+            meter=self._meter, pm=self._pm, level=level, episode_id=self._episode_id,
+            reason=reason, kept=frozenset(plan.kept),
+        )
+        errors: list[str] = []
+        checked: _Checked | None = None
+        for rung in self._rungs:
+            rendered: Rendered | None
+            if rung == "safe":
+                rendered, error = self._safe_render(view, plan), None
+            else:
+                rendered, error = yield rung, request                      # render
+            if rendered is None:
+                errors.append(f"{self._rung_name(rung)}: {error}")
+                continue
+            checked = self._check(view, plan, rendered, rung)              # validate
+            if checked.problem is None:
+                break
+            errors.append(f"{self._rung_name(rung)}: {checked.problem}")
+            checked = None
+        entry = checked.entry if checked is not None else None
+        rung = checked.rung if checked is not None else "none"
+        event = self._event(view, plan, entry, rung, errors, t0,
+                            checked.rendered if checked is not None else None)
+        return entry, event
+
+    @property
+    def _rungs(self) -> tuple[str, ...]:
+        if isinstance(self._strategy, CliffStrategy) and self._strategy == self._fallback:
+            return ("strategy", "safe")  # the strategy is the default cliff: no second try
+        return ("strategy", "cliff", "safe")
+
+    def _rung_name(self, rung: str) -> str:
+        return self.strategy_name if rung == "strategy" else rung
+
+    def _plan(self, view: _View, starts: Sequence[int], c: int, state: _State, reason: str,
+              level: int) -> _Plan | None:
+        """Where to cut for a compaction at ``c``: the head, the span, the messages of the
+        span kept verbatim, how many recent turns stay, and the strategy's budget (made
+        at least the strategy's minimum when dropping turns or truncating the largest kept
+        tool output can make it so)."""
+        msgs = view.messages
+        dialect = self._dialect
+        turn_starts = [s for s in starts if s < c]
+        if not turn_starts:
+            return None
+        head_len = turn_starts[0]
+        while head_len > 0 and dialect.is_synthetic(msgs[head_len - 1]):
+            head_len -= 1
+        prev_cut = state.entry.cut if state.entry else turn_starts[0]
+        cuts = [s for s in turn_starts if s > prev_cut] + [c]  # cuts[-1-r] keeps r turns
+        budget = self._budget
+        if dialect.thinking_loops():
+            cuts = _thinking_safe(cuts, msgs, c, dialect)
+        kept_turns = {s: len(turn_starts) - bisect.bisect_left(turn_starts, s) for s in cuts}
+        options = [s for s in cuts if kept_turns[s] >= budget.min_recent_turns]
+        if not options:
+            return None  # nothing new to compact without breaking min_recent_turns
+        is_kept = dialect.is_kept
+        head = view.prefix[head_len] + view.fixed
+        head_fixed = view.fixed + sum(view.tokens[i] for i in range(head_len) if is_kept(msgs[i]))
+        # the span's kept messages stay for every cut: only their set is cut-dependent
+        first = next((k for k, s in enumerate(options) if kept_turns[s] <= budget.recent_turns),
+                     len(options) - 1)
+        pins = self._pins(view, head_len, c)
+        # kept messages before the previous cut are the previous entry's; scan the rest once
+        known = tuple(i for i in state.entry.kept if i >= head_len) if state.entry else ()
+        scan_from = prev_cut if state.entry else head_len
+        candidates = known + tuple(i for i in range(scan_from, options[-1])
+                                   if self._kept_type(msgs[i]))
+        k = first
+        while True:
+            cut = options[k]
+            kept = tuple(i for i in candidates if i < cut)
+            kept_tokens = sum(view.tokens[i] for i in kept)
+            target = budget.target_for(head_fixed + kept_tokens)
+            tail = view.prefix[c] - view.prefix[cut]
+            room = target - head - kept_tokens - tail
+            if k == len(options) - 1 or (
+                head + kept_tokens + tail <= target * _TAIL_SHARE
+                and room >= self._min_budget
+            ):
+                break
+            k += 1
+        if head_fixed + kept_tokens >= budget.trigger and not self._warned_fixed:
+            self._warned_fixed = True
+            log.warning("agentcompact: the fixed part of the request (%d tokens: system "
+                        "prompt, tools, instructions) reaches the trigger (%d tokens); "
+                        "compaction cannot bring the context under it", head_fixed + kept_tokens,
+                        budget.trigger)
+        overrides: dict[int, tuple[str, Any, int]] = {}
+        if room < self._min_budget:  # make room: truncate the largest kept tool outputs
+            overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True,
+                                          pins=pins)
+            room += sum(view.tokens[i] - t for i, (_, _, t) in overrides.items())
+        return _Plan(
+            c=c, head_len=head_len, span_start=prev_cut, cut=cut, kept=kept,
+            pinned=tuple(i for i in pins if i < cut and i not in kept), pins=pins,
+            recent_turns=kept_turns[cut], target=target, budget_tokens=max(0, room),
+            overrides=tuple(sorted(overrides.items())), reason=reason, level=level,
+            before=state.tokens_at(view, c),
+        )
+
+    def _pins(self, view: _View, head_len: int, end: int) -> tuple[int, ...]:
+        """Indices in ``[head_len, end)`` a plugin pins (``agentcompact_pin``)."""
+        hook = self._pm.hook.agentcompact_pin
+        if not hook.get_hookimpls():
+            return ()
+        out = []
+        for i in range(head_len, end):
+            message = view.messages[i]
+            if self._dialect.is_synthetic(message):
+                continue
+            if any(r is True for r in hook(message=message, index=i, dialect=self._dialect)):
+                out.append(i)
+        return tuple(out)
+
+    def _safe_render(self, view: _View, plan: _Plan) -> Rendered:
+        """The plain safe cut: a compaction message holding only the pinned messages'
+        text, verbatim (every original message of the span is otherwise dropped)."""
+        pieces = [COMPACTION_HEADER]
+        dropped = sum(1 for i in range(plan.head_len, plan.cut) if i not in plan.kept
+                      and i not in plan.pinned)
+        if dropped:
+            pieces.append(f"\n\n[… {dropped} earlier messages omitted …]")
+        for i in plan.pinned:
+            try:
+                texts = [p.text for p in self._dialect.parts(view.messages[i]) if p.text]
+            except Exception:  # unreadable: the pin check names it
+                texts = []
+            pieces.append("\n\n[pinned message, verbatim]\n" + "\n".join(texts))
+        text = "".join(pieces)
+        return Rendered(self._dialect.text_message(text), self._meter.count_text_message(text))
+
+    def _check(self, view: _View, plan: _Plan, rendered: Rendered, rung: str) -> _Checked:
+        """The invariants, for any strategy: the assembled output passes the dialect's
+        rules (problems inherited from the input aside) and the thinking-loop rule, every
+        pinned message's text is in the compaction message verbatim, the message is within
+        its budget (pinned text aside)."""
+        message = rendered.message
+        dialect = self._dialect
+        trusted = rung == "safe" or isinstance(self._strategy_for(rung), CliffStrategy)
+        try:  # the engine counts a third-party strategy's message itself
+            tokens = 0 if message is None else (
+                rendered.tokens if trusted else self._meter.count(message))
+            text = dialect.text_of(message) if message is not None and plan.pinned else ""
+        except Exception as exc:
+            return _Checked(None, rung, rendered,
+                            f"the compaction message cannot be read: {describe_error(exc)}")
+        name = self.strategy_name if rung == "strategy" else rung
+        entry = PrefixEntry(plan.head_len, plan.cut, message, tokens, name, rendered.level,
+                            dict(plan.overrides), plan.kept)
+        entry = self._truncate_tail(view, entry, plan)
+        out = _State(entry).messages_at(view, plan.c)
+        problem = self._validity(view, out, plan.c)
+        if problem is None:
+            for i in plan.pinned:
+                try:
+                    texts = [p.text for p in dialect.parts(view.messages[i]) if p.text]
+                except Exception:
+                    texts = [""]
+                if message is None or not all(t in text for t in texts):
+                    problem = f"pinned message {i} is not in the compaction message verbatim"
+                    break
+        if problem is None and message is not None:
+            pinned = sum(view.tokens[i] for i in plan.pinned)
+            allowed = plan.budget_tokens + pinned + max(64, plan.budget_tokens // 4)
+            if tokens > allowed:
+                problem = (f"the compaction message is {tokens} tokens, over its budget of "
+                           f"{plan.budget_tokens}")
+        return _Checked(entry, rung, rendered, problem)
+
+    def _validity(self, view: _View, out: list[Any], c: int) -> str | None:
+        dialect = self._dialect
+        found = problems(out, dialect, allow_pending=True)
+        if found:
+            inherited = {key for key, _ in problems(view.messages[:c], dialect,
+                                                    allow_pending=True)}
+            new = [exc for key, exc in found if key not in inherited]
+            if new:
+                return f"output failed validation: {new[0]}"
+        if dialect.thinking_loops():
+            return thinking_loop_error(view.messages, c, out, dialect)
+        return None
+
+    def _kept_type(self, message: Any) -> bool:
+        return self._dialect.is_kept(message) or self._dialect.is_synthetic(message)
+
+    def _shrink_tail(self, view: _View, cut: int, c: int, excess: int, *, tool_only: bool,
+                     pins: Sequence[int] = (),
+                     overrides: dict[int, tuple[str, Any, int]] | None = None
+                     ) -> dict[int, tuple[str, Any, int]]:
+        """Head+tail truncate the largest kept messages of ``[cut, c)`` until ``excess``
+        tokens are saved: messages of older kept turns first, the newest turn last;
+        instructions, opaque items and compaction messages never."""
+        out = dict(overrides or {})
+        newest = max((s for s in range(cut, c) if self._turn_start(view, s)), default=cut)
+        msgs = view.messages
+        for group in (range(cut, newest), range(newest, c)):
+            for _ in range(3):  # a truncation may land a little over: refine
+                size = {i: out[i][2] if i in out else view.tokens[i] for i in group}
+                saved = 0
+                for i in sorted(group, key=lambda i: -size[i]):
+                    current = size[i]
+                    if excess <= 0 or current <= _TRUNCATE_FLOOR // 2:
+                        break
+                    if (view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i])
+                            or i in pins):
+                        continue
+                    if tool_only and self._dialect.role(msgs[i]) != "tool":
+                        continue
+                    keep_tokens = max(_TRUNCATE_FLOOR // 2, current - excess)
+                    copy, new_tokens = self._shrink(msgs[i], view.tokens[i], keep_tokens)
+                    if copy is msgs[i] or new_tokens >= current:
+                        continue
+                    out[i] = (view.digests[i], copy, new_tokens)
+                    excess -= current - new_tokens
+                    saved += current - new_tokens
+                if excess <= 0 or not saved:
+                    break
+        return out
+
+    def _turn_start(self, view: _View, i: int) -> bool:
+        is_model = self._dialect.is_model_output
+        return is_model(view.messages[i]) and (i == 0 or not is_model(view.messages[i - 1]))
+
+    def _truncate_tail(self, view: _View, entry: PrefixEntry, plan: _Plan) -> PrefixEntry:
+        """Last resort: head+tail truncate the largest kept messages until under target."""
+        excess = _State(entry).tokens_at(view, plan.c) - plan.target
+        if excess <= 0:
+            return entry
+        overrides = self._shrink_tail(view, entry.cut, plan.c, excess, tool_only=False,
+                                      pins=plan.pins, overrides=entry.overrides)
+        return replace(entry, overrides=overrides)
+
+    def _shrink(self, message: Any, tokens: int, keep_tokens: int) -> tuple[Any, int]:
+        """Head+tail truncate ``message`` to about ``keep_tokens`` (a few refinements)."""
+        try:
+            chars = max(200, len(self._dialect.text_of(message)) * keep_tokens // max(tokens, 1))
+            copy, size = message, tokens
+            for _ in range(4):
+                copy = self._dialect.truncate(message, chars)
+                size = self._meter.count(copy) if copy is not message else tokens
+                if size <= keep_tokens or chars <= 200:
+                    break
+                chars = max(200, chars * keep_tokens // size - 16)
+        except Exception:  # a message the dialect cannot truncate stays as it is
+            return message, tokens
+        return copy, size
+
+    # --- report -----------------------------------------------------------------------
+    def _event(self, view: _View, plan: _Plan, entry: PrefixEntry | None, rung: str,
+               errors: list[str], t0: float, rendered: Rendered | None) -> CompactionEvent:
+        dropped = list(rendered.items) if rendered is not None and entry is not None else []
+        after = _State(entry).tokens_at(view, plan.c) if entry is not None else plan.before
+        if entry is not None:
+            for idx, (_, _, tokens) in sorted(entry.overrides.items()):
+                dropped.append(DroppedItem(idx, self._dialect.role(view.messages[idx]),
+                                           "truncated", view.tokens[idx] - tokens))
+        n = len(view.messages)
+        n_after = (plan.head_len + len(entry.kept) + (entry.message is not None) + n - plan.cut
+                   if entry is not None else n)
+        event = CompactionEvent(
+            strategy=self.strategy_name, dialect=self._dialect.name,
+            tokens_before=plan.before, tokens_after=after, messages_before=n,
+            messages_after=n_after, head_len=plan.head_len, cut=plan.cut, reason=plan.reason,
+            level=entry.level if entry else 0, recent_turns=plan.recent_turns,
+            over_budget=after > self._budget.limit, latency_s=time.perf_counter() - t0,
+            error="; ".join(errors) if errors else None,
+            fallback=None if rung == "strategy" else rung, dropped=dropped,
+            episode_id=self._episode_id,
+        )
+        if rendered is not None and entry is not None:
+            event.errors = [str(e) for e in (getattr(rendered, "errors", None) or [])]
+        return event
+
+    def _finish(self, outcome: _Outcome) -> CompactionResult:                # assemble
+        view, state, events = outcome.view, outcome.state, list(outcome.events)
+        n = len(view.messages)
+        original = view.prefix[n] + view.fixed
+        entry = state.entry
+        out = state.messages_at(view, n)
+        after = state.tokens_at(view, n)
+        compacted = any(e.fallback != "none" for e in events)
+        for event in events:                                                  # report
+            self._pm.hook.agentcompact_on_compaction(event=event)
+        failed = next((e for e in events if e.error), None)
+        if failed is not None and not self._warned:
+            self._warned = True
+            log.warning("agentcompact: a %s compaction fell back to %s (%s); later fallbacks "
+                        "of this engine go to on_compaction only", failed.strategy,
+                        failed.fallback, failed.error)
+        over = after > self._budget.limit
+        if over and self._strict:
+            raise OverBudgetError(
+                f"context is {after} tokens after compaction, over the limit "
+                f"{self._budget.limit}", after, self._budget.limit)
+        return CompactionResult(
+            messages=out, compacted=compacted, modified=entry is not None,
+            tokens_original=original, tokens_before=outcome.before, tokens_after=after,
+            over_budget=over, event=events[-1] if events else None, events=events,
+            head_len=entry.head_len if entry else 0, cut=entry.cut if entry else 0,
+        )
+
+    # --- measuring and lookup ---------------------------------------------------------
+    def _name_bad_message(self, msgs: Sequence[Any]) -> None:
+        """On the error path only: raise the dialect's error again naming the index and
+        type of the first message it cannot read (never its content)."""
+        dialect = self._dialect
+        for i, message in enumerate(msgs):
+            try:
+                dialect.role(message)
+                dialect.parts(message)
+            except DialectError as exc:
+                raise DialectError(f"message {i} ({type(message).__name__}): {exc}") from None
+
+    def _view(self, messages: Sequence[Any]) -> _View:
+        msgs = list(messages)
+        with self._lock:
+            self._refresh_seed()
+            last = self._last_view
+            if last is None:
+                measured = self._meter.measure(msgs)
+                digests, tokens = measured.digests, measured.tokens
+                view = _View(msgs, digests, tokens, chain_digests(digests, seed=self._seed),
+                             [0, *itertools.accumulate(tokens)])
+            else:
+                view = self._extend_view(last, msgs)
+            self._last_view = view
+        return view
+
+    def _extend_view(self, last: _View, msgs: list[Any]) -> _View:
+        """The view of ``msgs``, reusing ``last``'s figures for the messages they share.
+
+        Shared are the leading messages that are the same objects (an in-process agent's
+        growing list), then, position by position, messages whose JSON is byte-identical
+        to the previous call's (a request parsed afresh, as a proxy sees it): byte-identical
+        JSON has the same digest, so these reuse the digest and the count the meter would
+        return (``MessageMeter`` caches counts by digest). Only with the canonical JSON
+        digest (a dialect with its own ``digest`` is always measured). Everything else is
+        measured.
+        """
+        old = last.messages
+        overlap = min(len(msgs), len(old))
+        if all(map(operator.is_, msgs, old)):  # C-speed scan; stops at the first difference
+            k = overlap
+        else:
+            k = next(i for i, (a, b) in enumerate(zip(msgs, old)) if a is not b)
+        digests = last.digests[:k]
+        tokens = last.tokens[:k]
+        raw: list[Any] | None = None
+        if k < overlap and self._by_json:  # other objects: compare JSON, position by position
+            raw = _raw_digests(msgs, k)
+            old_raw = last.raw
+            if old_raw is None:
+                old_raw = last.raw = [_UNIQUE] * k + _raw_digests(old, k, overlap)
+            same = list(map(operator.eq, raw[: overlap - k], old_raw[k:overlap]))
+            raw[:0] = old_raw[:k]
+            if all(same):
+                digests += last.digests[k:overlap]
+                tokens += last.tokens[k:overlap]
+            else:
+                todo = [i for i, s in enumerate(same, k) if not s]
+                m = self._meter.measure([msgs[i] for i in todo])
+                remeasured = iter(zip(m.digests, m.tokens))
+                for i, s in enumerate(same, k):
+                    d, t = (last.digests[i], last.tokens[i]) if s else next(remeasured)
+                    digests.append(d)
+                    tokens.append(t)
+        if len(msgs) > len(digests):
+            measured = self._meter.measure(msgs[len(digests):])
+            digests += measured.digests
+            tokens += measured.tokens
+        # the chain and the prefix sums are recomputed from the first changed message
+        chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)],
+                              seed=self._seed)
+        t = _common(tokens, last.tokens, k)
+        prefix = last.prefix[: t + 1]
+        prefix += itertools.accumulate(tokens[t:], initial=prefix[-1])
+        del prefix[t + 1]
+        view = _View(msgs, digests, tokens, chain, prefix)
+        view.raw = raw
+        return view
+
+    def _lookup(self, view: _View, n: int) -> PrefixEntry | None:
+        """The stored entry replacing the longest prefix of ``view.messages[:n]``.
+
+        Every prefix length is checked, longest first. With a versioned store, the prefix
+        lengths the previous lookup found empty are skipped while the store's version and
+        the history up to them are unchanged (same answer: nothing was put since).
+        """
+        store = self._store
+        get = store.get
+        chain = view.chain
+        version = getattr(store, "version", None)
+        low = 0
+        memo = self._scan
+        if (version is not None and memo is not None and memo[0] is store
+                and memo[1] == version and 0 < memo[2] <= n and chain[memo[2] - 1] == memo[3]):
+            low = memo[2]
+        found: PrefixEntry | None = None
+        at = 0
+        for i in range(n, low, -1):
+            entry = get(chain[i - 1])
+            if entry is not None and entry.cut == i and entry.head_len <= i:
+                found, at = entry, i
+                break
+        else:
+            if low:
+                hit = memo[4]  # type: ignore[index]
+                if hit:
+                    entry = get(chain[hit - 1])
+                    if entry is not None and entry.cut == hit and entry.head_len <= hit:
+                        found, at = entry, hit
+                    else:  # removed without a version change: check every prefix
+                        self._scan = None
+                        return self._lookup(view, n)
+        if version is not None and n:
+            self._scan = (store, version, n, chain[n - 1], at)
+        return found
+
+    def _should_compact(self, view: _View, state: _State, n: int) -> bool:
+        tokens = state.tokens_at(view, n)
+        if self._pm.hook.agentcompact_should_compact.get_hookimpls():
+            decided = self._pm.hook.agentcompact_should_compact(
+                messages=state.messages_at(view, n), tokens=tokens, budget=self._budget,
+                dialect=self._dialect,
+            )
+            if decided is not None:
+                if not isinstance(decided, bool):
+                    raise PluginError(f"agentcompact_should_compact returned a "
+                                      f"{type(decided).__name__}; expected True, False or None")
+                return decided
+        return tokens > self._budget.trigger
+
+
+def _common(a: list[Any], b: list[Any], k: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, known to be at least ``k``."""
+    m = min(len(a), len(b))
+    if a[k:m] == b[k:m]:  # list compares run in C (identity first)
+        return m
+    return next(i for i in range(k, m) if a[i] != b[i])
+
+
+_UNIQUE: Any = object()  # a "digest" equal to nothing else: not known / not JSON-able
+
+
+def _raw_digests(messages: list[Any], start: int, end: int | None = None) -> list[Any]:
+    """Digests of the JSON of ``messages[start:end]`` as it is (key order kept);
+    ``_UNIQUE`` for a message that is not JSON-able."""
+    items = messages[start:end]
+    try:
+        return list(map(xxhash.xxh3_128_intdigest, map(orjson.dumps, items)))
+    except TypeError:
+        out: list[Any] = []
+        for message in items:
+            try:
+                out.append(xxhash.xxh3_128_intdigest(orjson.dumps(message)))
+            except TypeError:
+                out.append(object())
+        return out
+
+
+_SUMMARY_OVERHEAD = 32  # tokens of a summary message besides its output (header, framing)
+
+
+def _min_budget(strategy: Any) -> int:
+    """The smallest ``budget_tokens`` the strategy works with: its ``min_budget_tokens``,
+    else its minimum output (``min_output_tokens``, ``min_block_output_tokens``) plus the
+    header and framing, else 0."""
+    for attr in ("min_budget_tokens", "min_output_tokens", "min_block_output_tokens"):
+        value = getattr(strategy, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return max(0, value + (0 if attr == "min_budget_tokens" else _SUMMARY_OVERHEAD))
+    return 0

@@ -1,0 +1,419 @@
+"""The summarizer client: one OpenAI-compatible chat endpoint, sync and async.
+
+Used by the ``summary`` and ``parallel`` strategies. Works with any server speaking the
+OpenAI Chat Completions protocol (OpenAI, vLLM, SGLang, llama.cpp, Ollama, LiteLLM…).
+The ``openai`` SDK is imported only here, lazily (extra ``summarizer``).
+
+Configuration comes from arguments, else from the environment:
+
+=============================  ======================================  ==========
+argument                       environment variable                    default
+=============================  ======================================  ==========
+``base_url``                   ``AGENTCOMPACT_SUMMARIZER_BASE_URL``    (required)
+``model``                      ``AGENTCOMPACT_SUMMARIZER_MODEL``       (required)
+``api_key``                    ``AGENTCOMPACT_SUMMARIZER_API_KEY``     ``"EMPTY"``
+``timeout``                    ``AGENTCOMPACT_SUMMARIZER_TIMEOUT``     ``60`` s
+``context_window``             ``AGENTCOMPACT_SUMMARIZER_WINDOW``      ``32000``
+=============================  ======================================  ==========
+
+``base_url`` is the OpenAI base URL, including ``/v1`` (``http://host:8000/v1``).
+
+Retries: the SDK's own retry is disabled (``max_retries=0``) and this module retries
+itself, so that every attempt is timed and the policy is the same sync and async:
+connection errors, timeouts, dropped streams, 408/409/429 and 5xx are retried up to
+``max_retries`` times with exponential backoff (``backoff_s * 2**attempt``, capped at
+``backoff_max_s``); other 4xx (bad request, auth) fail at once. ``timeout`` bounds each
+attempt (connect, and each read: a stream that stops sending fails after ``timeout``).
+A context-length error is raised as :class:`SummarizerOverflow` (not retried here): the
+strategy refits its prompt to a smaller window and tries once more.
+
+Every call — successful or not — is reported through ``agentcompact_log_summary_call``
+with a :class:`~agentcompact._events.SummaryCall` (prompt, output, usage, latency, error).
+Clients are opened per :meth:`Summarizer.session` (one compaction) and closed after it,
+so nothing leaks across event loops or threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._events import SummaryCall
+from .errors import ConfigError, SummarizerError, SummarizerOverflow
+
+if TYPE_CHECKING:
+    import pluggy
+
+__all__ = [
+    "ENV_API_KEY",
+    "ENV_BASE_URL",
+    "ENV_MODEL",
+    "ENV_TIMEOUT",
+    "ENV_WINDOW",
+    "CallInfo",
+    "Summarizer",
+    "SummarizerOverflow",
+    "SummaryOutput",
+]
+
+ENV_BASE_URL = "AGENTCOMPACT_SUMMARIZER_BASE_URL"
+ENV_MODEL = "AGENTCOMPACT_SUMMARIZER_MODEL"
+ENV_API_KEY = "AGENTCOMPACT_SUMMARIZER_API_KEY"
+ENV_TIMEOUT = "AGENTCOMPACT_SUMMARIZER_TIMEOUT"
+ENV_WINDOW = "AGENTCOMPACT_SUMMARIZER_WINDOW"
+
+_RETRY_STATUSES = frozenset({408, 409, 429})
+
+
+@dataclass(frozen=True)
+class SummaryOutput:
+    """A summarizer answer: text, usage as the server reported it, wall time."""
+
+    text: str
+    usage: dict[str, Any] = field(default_factory=dict)
+    latency_s: float = 0.0
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """Who is calling, for the ``SummaryCall`` log record."""
+
+    strategy: str
+    pm: pluggy.PluginManager | None = None
+    episode_id: str | None = None
+    block: int | None = None
+
+
+class Summarizer:
+    """An OpenAI-compatible summarizer endpoint (see module docstring).
+
+    :param base_url: OpenAI base URL with ``/v1``; env ``AGENTCOMPACT_SUMMARIZER_BASE_URL``.
+    :param model: model name; env ``AGENTCOMPACT_SUMMARIZER_MODEL``.
+    :param api_key: env ``AGENTCOMPACT_SUMMARIZER_API_KEY`` (default ``"EMPTY"``).
+    :param timeout: seconds per attempt; env ``AGENTCOMPACT_SUMMARIZER_TIMEOUT`` (60).
+    :param max_retries: extra attempts after a retryable failure (default 2).
+    :param backoff_s: first backoff; doubled each retry, capped at ``backoff_max_s``.
+    :param stream: stream the answer (lower time-to-first-byte, stall detection per read).
+    :param context_window: the summarizer model's window in tokens; prompts are fitted
+        to it by the strategies (``prompt + max_tokens <= context_window``); env
+        ``AGENTCOMPACT_SUMMARIZER_WINDOW`` (32000). Set it for small local models (an
+        8k llama.cpp server): a prompt over the window fails there, not here.
+    :param temperature: sampling temperature (0: as deterministic as the server allows).
+    :param extra_body: extra JSON fields for every request (e.g. vLLM's ``top_k``).
+    :param max_tokens_param: ``"max_tokens"`` (default, widest support) or
+        ``"max_completion_tokens"`` (OpenAI reasoning models).
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float | None = None,
+        max_retries: int = 2,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        stream: bool = False,
+        context_window: int | None = None,
+        temperature: float | None = 0.0,
+        extra_body: dict[str, Any] | None = None,
+        max_tokens_param: str = "max_tokens",
+        trained: bool = False,
+    ) -> None:
+        self.base_url = base_url or os.environ.get(ENV_BASE_URL) or ""
+        self.model = model or os.environ.get(ENV_MODEL) or ""
+        if not self.base_url or not self.model:
+            raise ConfigError(
+                "summarizer needs base_url and model (arguments, or the environment "
+                f"variables {ENV_BASE_URL} and {ENV_MODEL})")
+        self.api_key = api_key or os.environ.get(ENV_API_KEY) or "EMPTY"
+        self.timeout = _env_number(timeout, ENV_TIMEOUT, 60.0, float)
+        context_window = _env_number(context_window, ENV_WINDOW, 32_000, int)
+        if max_retries < 0 or context_window <= 0:
+            raise ConfigError(f"bad summarizer settings: max_retries={max_retries}, "
+                              f"context_window={context_window}")
+        if max_tokens_param not in ("max_tokens", "max_completion_tokens"):
+            raise ConfigError(f"max_tokens_param must be max_tokens or max_completion_tokens, "
+                              f"got {max_tokens_param!r}")
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.stream = stream
+        self.context_window = context_window
+        self.temperature = temperature
+        self.extra_body = dict(extra_body or {})
+        self.max_tokens_param = max_tokens_param
+        self.trained = trained
+        self._log_lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never show the key
+        return f"Summarizer(base_url={self.base_url!r}, model={self.model!r})"
+
+    # --- sessions -------------------------------------------------------------------
+    @contextmanager
+    def session(self) -> Iterator[SyncSession]:
+        """A sync client for one compaction (thread-safe; closed on exit)."""
+        openai = _openai()
+        client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key,
+                               timeout=self.timeout, max_retries=0)
+        try:
+            yield SyncSession(self, client)
+        finally:
+            client.close()
+
+    @asynccontextmanager
+    async def asession(self) -> AsyncIterator[AsyncSession]:
+        """An async client for one compaction, bound to the running loop; closed on exit."""
+        openai = _openai()
+        client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key,
+                                    timeout=self.timeout, max_retries=0)
+        try:
+            yield AsyncSession(self, client)
+        finally:
+            await client.close()
+
+    # --- shared pieces --------------------------------------------------------------
+    def request_kwargs(self, prompt: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"model": self.model, "messages": prompt,
+                                  self.max_tokens_param: max(1, int(max_tokens))}
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        if self.stream:
+            kwargs["stream"] = True
+            kwargs["stream_options"] = {"include_usage": True}
+        if self.extra_body:
+            kwargs["extra_body"] = self.extra_body
+        return kwargs
+
+    def backoff(self, attempt: int) -> float:
+        return float(min(self.backoff_max_s, self.backoff_s * (2 ** attempt)))
+
+    def log(self, info: CallInfo, prompt: list[dict[str, Any]], output: SummaryOutput | None,
+            latency: float, error: str | None) -> None:
+        """Report one call through ``agentcompact_log_summary_call`` (serialized)."""
+        if info.pm is None:
+            return
+        call = SummaryCall(
+            episode_id=info.episode_id, strategy=info.strategy, prompt=prompt,
+            output=output.text if output else "", usage=dict(output.usage) if output else {},
+            model=self.model, block=info.block, latency_s=latency, error=error,
+            trained=self.trained,
+        )
+        with self._log_lock:
+            info.pm.hook.agentcompact_log_summary_call(call=call)
+
+
+class _Call:
+    """The retry policy of one ``summarize`` call — the same for both drivers below.
+
+    A driver makes attempts; after each failure it asks :meth:`failed` how long to back
+    off (the policy raises the final error, already logged, when there is no retry left);
+    after a success it returns :meth:`done`. Drivers differ only in how they wait.
+    """
+
+    def __init__(self, summarizer: Summarizer, prompt: list[dict[str, Any]],
+                 info: CallInfo) -> None:
+        self.summarizer = summarizer
+        self.prompt = prompt
+        self.info = info
+        self.attempt = 0
+        self.t0 = time.perf_counter()
+
+    def failed(self, exc: Exception) -> float:
+        """The backoff before the next attempt; raises ``SummarizerError`` when final."""
+        s = self.summarizer
+        error = _classify(exc)
+        if isinstance(error, _Retryable) and self.attempt < s.max_retries:
+            delay = s.backoff(self.attempt)
+            self.attempt += 1
+            return delay
+        s.log(self.info, self.prompt, None, time.perf_counter() - self.t0, str(error))
+        raise _final(error, self.attempt) from exc
+
+    def cancelled(self) -> None:
+        self.summarizer.log(self.info, self.prompt, None, time.perf_counter() - self.t0,
+                            "cancelled")
+
+    def done(self, output: SummaryOutput) -> SummaryOutput:
+        self.summarizer.log(self.info, self.prompt, output, output.latency_s, None)
+        return output
+
+
+class SyncSession:
+    """Blocking calls on one client (safe to share between threads)."""
+
+    def __init__(self, summarizer: Summarizer, client: Any) -> None:
+        self.summarizer = summarizer
+        self._client = client
+
+    def summarize(self, prompt: list[dict[str, Any]], max_tokens: int,
+                  info: CallInfo) -> SummaryOutput:
+        """One summary; retries per the module policy; raises ``SummarizerError``."""
+        call = _Call(self.summarizer, prompt, info)
+        while True:
+            try:
+                output = self._once(prompt, max_tokens)
+            except Exception as exc:  # classified by the policy; foreign errors become ours
+                time.sleep(call.failed(exc))
+                continue
+            return call.done(output)
+
+    def _once(self, prompt: list[dict[str, Any]], max_tokens: int) -> SummaryOutput:
+        s = self.summarizer
+        t0 = time.perf_counter()
+        response = self._client.chat.completions.create(**s.request_kwargs(prompt, max_tokens))
+        if not s.stream:
+            return _from_completion(response, time.perf_counter() - t0)
+        acc = _StreamAccumulator()
+        for chunk in response:
+            acc.add(chunk)
+        return acc.output(time.perf_counter() - t0)
+
+
+class AsyncSession:
+    """Async calls on one client (bound to the loop that opened it)."""
+
+    def __init__(self, summarizer: Summarizer, client: Any) -> None:
+        self.summarizer = summarizer
+        self._client = client
+
+    async def summarize(self, prompt: list[dict[str, Any]], max_tokens: int,
+                        info: CallInfo) -> SummaryOutput:
+        """One summary; retries per the module policy; raises ``SummarizerError``."""
+        call = _Call(self.summarizer, prompt, info)
+        while True:
+            try:
+                output = await self._once(prompt, max_tokens)
+            except asyncio.CancelledError:
+                call.cancelled()
+                raise
+            except Exception as exc:
+                await asyncio.sleep(call.failed(exc))
+                continue
+            return call.done(output)
+
+    async def _once(self, prompt: list[dict[str, Any]], max_tokens: int) -> SummaryOutput:
+        s = self.summarizer
+        t0 = time.perf_counter()
+        response = await self._client.chat.completions.create(
+            **s.request_kwargs(prompt, max_tokens))
+        if not s.stream:
+            return _from_completion(response, time.perf_counter() - t0)
+        acc = _StreamAccumulator()
+        async for chunk in response:
+            acc.add(chunk)
+        return acc.output(time.perf_counter() - t0)
+
+
+# --- helpers ------------------------------------------------------------------------
+class _Retryable(SummarizerError):
+    """A failure worth another attempt (connection, timeout, 429, 5xx, dropped stream)."""
+
+
+class _StreamAccumulator:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.usage: dict[str, Any] = {}
+        self.finish: str | None = None
+
+    def add(self, chunk: Any) -> None:
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            self.usage = _usage_dict(usage)
+        for choice in getattr(chunk, "choices", None) or ():
+            content = getattr(choice.delta, "content", None)
+            if content:
+                self.parts.append(content)
+            if choice.finish_reason:
+                self.finish = choice.finish_reason
+
+    def output(self, latency: float) -> SummaryOutput:
+        if self.finish is None:
+            raise _Retryable("summarizer stream ended without a finish reason (dropped)")
+        return _checked("".join(self.parts), self.usage, latency, self.finish)
+
+
+def _from_completion(response: Any, latency: float) -> SummaryOutput:
+    choices = getattr(response, "choices", None) or []
+    if not choices:
+        raise SummarizerError("summarizer returned no choices")
+    usage = _usage_dict(response.usage) if getattr(response, "usage", None) else {}
+    return _checked(choices[0].message.content or "", usage, latency, choices[0].finish_reason)
+
+
+def _checked(text: str, usage: dict[str, Any], latency: float, finish: str | None
+             ) -> SummaryOutput:
+    if not text.strip():
+        raise SummarizerError(f"summarizer returned an empty summary (finish={finish})")
+    return SummaryOutput(text.strip(), usage, latency, finish)
+
+
+def _usage_dict(usage: Any) -> dict[str, Any]:
+    dump = getattr(usage, "model_dump", None)
+    return dict(dump()) if callable(dump) else dict(usage or {})
+
+
+def _classify(exc: Exception) -> SummarizerError:
+    """Map any failure to ``SummarizerOverflow``, ``_Retryable`` or ``SummarizerError``."""
+    if isinstance(exc, SummarizerError):
+        return exc
+    openai = _openai()
+    name = type(exc).__name__
+    if isinstance(exc, openai.APITimeoutError):
+        return _Retryable(f"summarizer timed out: {exc}")
+    if isinstance(exc, openai.APIConnectionError):
+        return _Retryable(f"summarizer connection failed: {exc}")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        code = getattr(exc, "code", None)
+        if code == "context_length_exceeded" or (
+                status in (400, 413) and "context" in str(exc).lower()
+                and ("length" in str(exc).lower() or "window" in str(exc).lower())):
+            return SummarizerOverflow(f"summarizer context window exceeded ({status}): {exc}")
+        if status in _RETRY_STATUSES or status >= 500:
+            return _Retryable(f"summarizer HTTP {status}: {exc}")
+        return SummarizerError(f"summarizer HTTP {status}: {exc}")
+    # httpx/httpcore errors escaping a stream body (connection dropped mid-stream)
+    module = type(exc).__module__
+    if module.startswith(("httpx", "httpcore")) or isinstance(exc, (OSError, EOFError)):
+        return _Retryable(f"summarizer transport error: {name}: {exc}")
+    return SummarizerError(f"summarizer failed: {name}: {exc}")
+
+
+def _final(error: SummarizerError, attempt: int) -> SummarizerError:
+    """The error to raise once retries are exhausted (a plain ``SummarizerError``)."""
+    if isinstance(error, _Retryable):
+        tries = f" (after {attempt + 1} attempts)" if attempt else ""
+        return SummarizerError(f"{error}{tries}")
+    return error
+
+
+def _env_number(value: Any, env: str, default: Any, kind: Any) -> Any:
+    """``value``, else the environment variable ``env`` parsed by ``kind``, else ``default``."""
+    if value is not None:
+        return kind(value)
+    text = os.environ.get(env)
+    if text:
+        try:
+            return kind(text)
+        except ValueError:
+            raise ConfigError(f"{env}={text!r} is not a valid number") from None
+    return default
+
+
+def _openai() -> Any:
+    try:
+        import openai
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ConfigError(
+            "the summary and parallel strategies need the 'summarizer' extra: "
+            "pip install 'agentcompact[summarizer]'") from exc
+    return openai

@@ -1,0 +1,169 @@
+"""Head and turns, and the validity rules every output must pass.
+
+The head is everything before the first message the model produced (system prompt, task
+statement). A turn is a run of model-produced messages (an assistant message; in the
+Responses API its reasoning, message and call items) plus the observations that follow
+it (tool results, user messages) up to the next run. Cuts happen only between turns, so a
+tool call is never separated from its result, parallel calls stay together, and signed
+thinking stays in its tool loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .errors import ValidationError
+
+if TYPE_CHECKING:
+    from .dialects._base import Dialect
+
+__all__ = ["Problem", "Turns", "loop_start", "problems", "split_turns", "starts_with_thinking",
+           "thinking_loop_error", "validate"]
+
+
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """``head_len`` leading messages, then turns starting at ``starts`` (ascending)."""
+
+    head_len: int
+    starts: tuple[int, ...]
+    size: int
+
+    def end(self, k: int) -> int:
+        """Index one past the last message of turn ``k``."""
+        return self.starts[k + 1] if k + 1 < len(self.starts) else self.size
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+def split_turns(messages: Sequence[Any], dialect: Dialect, start: int = 0) -> Turns:
+    """Group ``messages`` (from index ``start``, the head) into head and turns."""
+    is_model = dialect.is_model_output
+    starts: list[int] = []
+    previous_model = False
+    for i in range(start, len(messages)):
+        model = is_model(messages[i])
+        if model and not previous_model:
+            starts.append(i)
+        previous_model = model
+    head_len = starts[0] if starts else len(messages)
+    return Turns(head_len, tuple(starts), len(messages))
+
+
+def validate(messages: Sequence[Any], dialect: Dialect, *, allow_pending: bool = False) -> None:
+    """Raise ``ValidationError`` when ``messages`` would be refused by the provider.
+
+    Checks each message's shape, the dialect's role order, and tool pairing: every tool
+    result answers a call issued earlier and not yet answered (no orphan), and every call
+    is answered before the model speaks again (and before the end, unless
+    ``allow_pending``: an agent state may end with calls not yet run).
+    """
+    found = problems(messages, dialect, allow_pending=allow_pending, first=True)
+    if found:
+        raise found[0][1]
+
+
+Problem = tuple[tuple[Any, ...], ValidationError]
+"""A validity problem: (a key naming it by kind, tool-call id or the message object, the
+error). Two lists share a problem when the keys are equal."""
+
+
+def problems(messages: Sequence[Any], dialect: Dialect, *, allow_pending: bool = False,
+             first: bool = False) -> list[Problem]:
+    """Every problem :func:`validate` would raise for (only the first with ``first``).
+
+    The engine uses it to accept an output whose only problems are problems of its input
+    kept as they were (an orphan tool result in the head, which compaction cannot fix and
+    must not be disabled by)."""
+    out: list[Problem] = []
+    for i, message in enumerate(messages):
+        try:
+            dialect.check_shape(message, i)
+        except ValidationError as exc:
+            out.append((("shape", id(message)), exc))
+            if first:
+                return out
+    if out:  # role and pairing rules read messages of the dialect's shape only
+        return out
+    try:
+        dialect.check_order(messages)
+    except ValidationError as exc:
+        at = messages[exc.index] if exc.index is not None and exc.index < len(messages) else None
+        out.append((("order", id(at)), exc))
+        if first:
+            return out
+    pending: dict[str, int] = {}
+    previous_model = False
+    for i, message in enumerate(messages):
+        model = dialect.is_model_output(message)
+        if model and not previous_model and pending:
+            out += _unanswered(pending, messages, dialect, i)
+            if first:
+                return out[:1]
+            pending.clear()
+        for ref in dialect.tool_result_ids(message):
+            if ref not in pending:
+                out.append((("orphan", ref, id(message)), ValidationError(
+                    f"{dialect.name}: message {i} answers tool call {ref!r}, which no "
+                    "earlier message issued (orphan tool result)", i)))
+                if first:
+                    return out
+                continue
+            del pending[ref]
+        for ref in dialect.tool_call_ids(message):
+            pending[ref] = i
+        previous_model = model
+    if pending and not allow_pending:
+        out += _unanswered(pending, messages, dialect, len(messages))
+    return out[:1] if first else out
+
+
+def _unanswered(pending: dict[str, int], messages: Sequence[Any], dialect: Dialect,
+                at: int) -> list[Problem]:
+    return [(("unanswered", ref, id(messages[index])), ValidationError(
+        f"{dialect.name}: tool call {ref!r} issued by message {index} has no result "
+        f"before message {at}", index)) for ref, index in pending.items()]
+
+
+def loop_start(messages: Sequence[Any], dialect: Dialect, end: int | None = None) -> int | None:
+    """Index of the first model message of the tool loop running at ``end`` (default: the
+    end): the first model message after the last ``user`` message (a tool-results-only
+    message has role ``tool``); ``None`` when no model message follows it."""
+    end = len(messages) if end is None else end
+    i = end - 1
+    role = dialect.role
+    while i >= 0 and role(messages[i]) != "user":
+        i -= 1
+    for j in range(i + 1, end):
+        if dialect.is_model_output(messages[j]):
+            return j
+    return None
+
+
+def starts_with_thinking(message: Any, dialect: Dialect) -> bool:
+    """True when the message's first content part is (signed or redacted) thinking."""
+    try:
+        parts = dialect.parts(message)
+    except Exception:  # a malformed message: validation names the problem
+        return False
+    return bool(parts) and parts[0].kind == "thinking"
+
+
+def thinking_loop_error(original: Sequence[Any], end: int, output: Sequence[Any],
+                        dialect: Dialect) -> str | None:
+    """The thinking-loop rule (Anthropic extended thinking): when the tool loop running at
+    ``original[end]`` starts with a thinking block, the loop that ``output`` ends in must
+    start with one too (a cut inside the loop that lost the thinking block leaves an
+    assistant message starting with ``tool_use``, which the provider refuses). Returns
+    the problem (indices only), or ``None``."""
+    start = loop_start(original, dialect, end)
+    if start is None or not starts_with_thinking(original[start], dialect):
+        return None
+    out_start = loop_start(output, dialect)
+    if out_start is None or starts_with_thinking(output[out_start], dialect):
+        return None
+    return (f"{dialect.name}: message {out_start} starts a thinking-enabled tool loop "
+            f"without its thinking block (the loop starts at original message {start})")

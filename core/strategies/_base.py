@@ -1,0 +1,113 @@
+"""What the engine hands a strategy, and what it expects back.
+
+The engine decides *where* to cut (head, span, kept turns) and keeps every invariant
+(turn boundaries, prefix store, validation, fail-open); a strategy only builds the one
+message that stands for the compacted span, from **original** messages, within a token
+budget. A strategy is any object with ``name`` and ``compact(request) -> Rendered``; an
+``async def acompact(request)`` is used by ``Engine.acompact`` when present.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .._events import DroppedItem
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from .._tokens import MessageMeter
+    from ..dialects._base import Dialect
+
+__all__ = ["CompactionRequest", "Rendered", "Strategy"]
+
+
+@dataclass(frozen=True)
+class CompactionRequest:
+    """One compaction to render.
+
+    ``messages`` is the original history up to the call being compacted. The span this
+    cycle compacts is ``messages[span_start:cut]``; ``messages[head_len:span_start]`` was
+    compacted by earlier cycles (a strategy may carry its human messages forward: they are
+    original content). ``budget_tokens`` is the size the rendered message should fit in
+    (the engine moves the cut until it is at least the strategy's ``min_budget_tokens``
+    when it can). ``level`` is the escalation level to start from (a reactive retry after
+    a provider overflow starts higher).
+
+    What the engine checks on every rendered message, for any strategy: the output passes
+    the dialect's rules and the thinking-loop rule, every pinned message's text is in it
+    verbatim, the message is within its budget (pinned text aside), and the kept messages
+    are there. A rendering that fails falls back (cliff, then a plain cut).
+    """
+
+    messages: Sequence[Any]
+    dialect: Dialect
+    head_len: int
+    span_start: int
+    cut: int
+    budget_tokens: int
+    meter: MessageMeter
+    pm: pluggy.PluginManager
+    level: int = 0
+    episode_id: str | None = None
+    reason: str = "trigger"
+    kept: frozenset[int] = frozenset()
+    """Indices of ``[head_len, cut)`` the engine sends verbatim as their own messages
+    (instructions, items the dialect does not model, compaction messages fed back in):
+    a strategy leaves them out of its message (:meth:`keeps`)."""
+
+    def keeps(self, index: int) -> bool:
+        """True when the engine itself sends ``messages[index]`` verbatim: render nothing
+        of it (never flatten an instruction into compaction text)."""
+        return index in self.kept
+
+    def pinned(self, index: int) -> bool:
+        """True when a plugin pins ``messages[index]`` (``agentcompact_pin``)."""
+        if not self.pins_possible:
+            return False
+        results = self.pm.hook.agentcompact_pin(
+            message=self.messages[index], index=index, dialect=self.dialect
+        )
+        return any(r is True for r in results)
+
+    @cached_property
+    def pins_possible(self) -> bool:
+        """False when no plugin implements ``agentcompact_pin`` (nothing can be pinned)."""
+        return bool(self.pm.hook.agentcompact_pin.get_hookimpls())
+
+    def span(self) -> range:
+        return range(self.span_start, self.cut)
+
+    def earlier(self) -> range:
+        return range(self.head_len, self.span_start)
+
+
+@dataclass
+class Rendered:
+    """A strategy's output: the compaction message (``None``: no message at all).
+
+    ``errors`` lists partial failures the strategy recovered from (e.g. a parallel block
+    whose summary failed and was rendered verbatim); the engine copies them to
+    ``CompactionEvent.errors``. They never go into the message.
+    """
+
+    message: Any
+    tokens: int
+    level: int = 0
+    items: list[DroppedItem] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """``name`` and ``compact``. Optional: ``acompact`` (async), ``min_budget_tokens``
+    (the smallest ``budget_tokens`` it can work with: the engine keeps fewer recent turns
+    or truncates the largest kept tool output to give it that room) and ``fingerprint``
+    (a string naming its settings, part of the prefix-store key; default: its repr)."""
+
+    name: str
+
+    def compact(self, request: CompactionRequest) -> Rendered: ...

@@ -1,0 +1,712 @@
+"""The cliff strategy: verbatim-only compaction, with skim lines and an archive.
+
+Head verbatim + one compaction message rendering the span by content class + recent turns
+verbatim (the engine keeps head and turns). The compaction message only quotes and cuts:
+human text verbatim; tool calls as one-line signatures ``[tool call NAME] ARGS``; assistant
+text kept (capped late); tool results kept when short, otherwise truncated to their head,
+tail and error lines (``truncation_pieces``), or replaced by a **skim line**. Everything
+that is not a marker (text in ``[…]`` that agentcompact writes) is a substring of an
+original message.
+
+A skim line stands for a part left out: ``[turn 12 · result of Bash {"command": "pyt…"} ·
+57 lines, 4575 chars · expand ac-3f9ac01b22de]``. The handle is derived from the part's
+content (``agentcompact._archive.handle_of``), so the same part has the same skim line at
+every cliff and after a restart, and the part's original text goes into the strategy's
+archive (``archive`` setting), where ``agentcompact._expand`` finds it verbatim.
+
+Escalation keeps commands and decisions longest: level by level bulk tool output goes
+first (superseded output, a file read again later or a command re-run, from level 1), then
+long results become skim lines, and only at the last level are call arguments and
+assistant text capped hard. Graded by age (``grade_by_age``): over budget from level 1 on,
+the oldest items take the last level's rendering first, and the whole rendering escalates
+only when that does not suffice, so the newest items keep their level. Over budget at the
+last level, the oldest bulky items become skim lines, then the oldest items go (human ones
+last; pinned ones never); the engine gives the message at least ``human_floor_tokens`` of
+room (``min_budget_tokens``), truncating the largest kept tool output rather than dropping
+carried human text.
+
+Human messages of *all* earlier cycles are carried forward (``carry_forward_human``), and
+the tool calls, assistant text and handles of earlier cycles too (``carry_forward_calls``),
+rendered at the last-but-one level or leaner: they are original content, so this is not a
+compaction of a compaction.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from operator import itemgetter
+from typing import Any
+
+from .._archive import Archive, ArchivedItem, handle_of, open_archive
+from .._events import DroppedItem
+from .._markers import COMPACTION_HEADER
+from .._tokens import MESSAGE_OVERHEAD
+from .._turns import split_turns
+from ..dialects._base import LineIndex, Part, line_index, truncation_pieces
+from ..errors import PluginError
+from ._base import CompactionRequest, Rendered
+
+__all__ = ["DEFAULT_LEVELS", "CliffLevel", "CliffStrategy", "Seg", "render_segments"]
+
+Seg = tuple[bool, str]
+"""A piece of rendered text: (verbatim?, text). Verbatim pieces are quoted originals."""
+
+_HUMAN_ROLES = frozenset({"user", "system", "developer"})
+_LABELS = {"user": "[user]", "assistant": "[assistant]", "tool": "[tool result]",
+           "system": "[system]", "developer": "[developer]"}
+_EXCERPT = 80  # characters of a call's arguments in a skim line
+_KEY_ARGS = ("file_path", "path", "notebook_path", "command", "cmd", "url", "pattern")
+_TAIL_TRUNCATABLE = 1_000  # tokens: kept messages above this the engine may truncate
+_TAIL_MIN_CHARS = 200  # ... down to about this many characters a part
+
+
+@dataclass(frozen=True)
+class CliffLevel:
+    """Caps (characters; 0 drops the class) at one escalation level.
+
+    ``result_max`` 0 turns a result longer than ``result_keep`` into a skim line;
+    ``keep_superseded`` False does so for a result a later identical call superseded.
+    """
+
+    human_max: int = 20_000
+    assistant_max: int = 4_000
+    thinking_max: int = 600
+    call_args_max: int = 400
+    result_keep: int = 600
+    result_max: int = 1_200
+    keep_superseded: bool = True
+
+
+DEFAULT_LEVELS = (
+    CliffLevel(),
+    CliffLevel(assistant_max=3_000, thinking_max=0, call_args_max=300, result_keep=500,
+               result_max=400, keep_superseded=False),
+    CliffLevel(assistant_max=2_000, thinking_max=0, call_args_max=200, result_keep=500,
+               result_max=0, keep_superseded=False),
+    CliffLevel(human_max=8_000, assistant_max=800, thinking_max=0, call_args_max=150,
+               result_keep=250, result_max=0, keep_superseded=False),
+    CliffLevel(human_max=4_000, assistant_max=300, thinking_max=0, call_args_max=120,
+               result_keep=120, result_max=0, keep_superseded=False),
+)
+
+
+@dataclass
+class CliffStrategy:
+    """Verbatim-only compaction (see module docstring).
+
+    :param archive: where originals of what is left out go: a path (SQLite file), an
+        ``Archive`` object, ``None`` (default: a new in-memory archive) or ``False``
+        (no archive: skim lines still name handles, but nothing can expand them).
+    :param human_floor_tokens: the room the compaction message keeps for carried human
+        text even when the kept turns would leave it less: the engine truncates the largest
+        kept tool output instead (``min_budget_tokens``). Pinned text is never dropped.
+    """
+
+    levels: tuple[CliffLevel, ...] = DEFAULT_LEVELS
+    carry_forward_human: bool = True
+    carry_forward_calls: bool = True
+    human_floor_tokens: int = 1_000
+    grade_by_age: bool = True
+    grade_from: int = 1
+    archive: Any = None
+    name: str = field(default="cliff", init=False)
+    #: handles and truncations of part texts, kept across calls (pure functions of the
+    #: text: carried items are not cut again at every compaction)
+    _texts: _TextCache = field(default_factory=lambda: _TextCache(), init=False,
+                               compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.archive = open_archive(self.archive)
+
+    @property
+    def min_budget_tokens(self) -> int:
+        """The engine gives the compaction message at least this room (the floor)."""
+        return self.human_floor_tokens
+
+    def fingerprint(self) -> str:
+        """The settings that change the output (the archive does not: handles are content
+        digests), for the engine's prefix-store key."""
+        return "cliff:" + repr(sorted(settings_dict(self).items()))
+
+    def compact(self, request: CompactionRequest) -> Rendered:
+        items = _collect(request, self.carry_forward_human, self.carry_forward_calls,
+                         self._texts)
+        context = _Context.of(request, items, self._texts)
+        rates = _token_rates(request, items)
+        counter = request.meter.counter
+        header_tokens = counter.count_texts([COMPACTION_HEADER])[0] + MESSAGE_OVERHEAD
+        budget = request.budget_tokens - header_tokens
+        top = len(self.levels) - 1
+        level = min(request.level, top)
+        tiers = [0] * len(items)
+        while True:
+            grading = self.grade_by_age and level >= self.grade_from
+            if level < top and not grading and not self._may_fit(
+                    request, context, items, rates, level, budget):
+                level += 1  # over budget: the rest of this level's rendering is not needed
+                continue
+            blocks = [self._block(request, context, item, level) for item in items]
+            sizes = [_size(context, b, rate) for b, rate in zip(blocks, rates)]
+            total = sum(sizes) + len(blocks)
+            if total <= budget or level == top:
+                break
+            if grading:
+                graded = self._grade(request, context, items, blocks, sizes, rates,
+                                     budget - total)
+                if graded is not None:
+                    blocks, sizes, tiers = graded
+                    break
+            level += 1
+        skims = [_estimate(b.skim, rate) for b, rate in zip(blocks, rates)]
+        floor = sum(s + 8 for s, it in zip(sizes, items) if it.pinned)  # never dropped
+        budget = max(budget, floor)
+        # Sizes are estimated from each original's tokens per character; the exact count
+        # of the assembled message corrects the estimate (a few refits at most).
+        fit_budget = budget
+        limit = max(request.budget_tokens, floor + header_tokens)  # the engine allows pins
+        for _ in range(8):
+            forms = _fit(items, sizes, skims, fit_budget)
+            text = "".join(t for _, t in _assemble(blocks, forms, tiers))
+            tokens = request.meter.count_text_message(text)
+            if tokens <= limit or not any(forms) or fit_budget <= 0:
+                break
+            fit_budget = min(int(fit_budget * limit / tokens), fit_budget - tokens + limit) - 8
+        self._archive(request, blocks, forms)
+        message = request.dialect.text_message(text)
+        return Rendered(message, tokens, level, _report(request, items, blocks, forms))
+
+    def _may_fit(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
+                 rates: Sequence[float], level: int, budget: int) -> bool:
+        """Whether the rendering at ``level`` may fit ``budget``: False as soon as the
+        items rendered so far are over it (the same sizes the full check sums)."""
+        total = 0
+        for item, rate in zip(items, rates):
+            total += _size(context, self._block(request, context, item, level), rate) + 1
+            if total > budget:
+                return False
+        return True
+
+    def _grade(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
+               blocks: list[_Block], sizes: list[int], rates: Sequence[float], excess: int
+               ) -> tuple[list[_Block], list[int], list[int]] | None:
+        """Oldest first (non-human items, then human ones; pinned ones never), items take
+        the last level's rendering until ``excess`` tokens are saved; ``None`` when all of
+        them do not save that much (the whole rendering escalates instead)."""
+        top = len(self.levels) - 1
+        blocks, sizes, tiers = list(blocks), list(sizes), [0] * len(items)
+        excess = -excess
+        for humans in (False, True):
+            for i, item in enumerate(items):
+                if excess <= 0:
+                    return blocks, sizes, tiers
+                if item.pinned or (item.role in _HUMAN_ROLES) != humans:
+                    continue
+                lean = self._block(request, context, item, top)
+                size = _size(context, lean, rates[i])
+                if size < sizes[i]:
+                    excess -= sizes[i] - size
+                    blocks[i], sizes[i], tiers[i] = lean, size, 1
+        return (blocks, sizes, tiers) if excess <= 0 else None
+
+    def _block(self, request: CompactionRequest, context: _Context, item: _Item, level: int
+               ) -> _Block:
+        """``item`` rendered at ``level``'s caps, once per call for every set of caps that
+        renders it the same (:func:`_shape`: most caps repeat between levels, and items
+        carried from earlier cycles keep theirs at every level)."""
+        caps = self._caps(item, level)
+        memo = context.memo
+        block: _Block | None = memo.get((item.index, id(caps)))
+        if block is None:
+            key = ("block", item.index, _shape(context, item, caps))
+            block = memo.get(key)
+            if block is None:
+                block = memo[key] = _render(request, context, item, caps)
+            memo[(item.index, id(caps))] = block
+        return block
+
+    def _caps(self, item: _Item, level: int) -> CliffLevel:
+        if item.carried and item.role not in _HUMAN_ROLES:
+            level = max(level, len(self.levels) - 2)
+        return self.levels[max(0, level)]
+
+    def _archive(self, request: CompactionRequest, blocks: Sequence[_Block],
+                 forms: Sequence[int]) -> None:
+        archive: Archive | None = self.archive
+        if archive is None:
+            return
+        out: list[ArchivedItem] = []
+        for block, form in zip(blocks, forms):
+            out += block.archived if form == _FULL else block.skimmed
+        out += _tail_items(request)
+        archive.put_many(out)
+
+
+@dataclass(frozen=True)
+class _Item:
+    index: int
+    role: str
+    parts: tuple[Part, ...]
+    pinned: bool
+    carried: bool
+    override: tuple[str, ...] | None  # parts from the render_message hook
+
+
+def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
+             cache: _TextCache | None = None) -> list[_Item]:
+    """The messages to render: the span, and from earlier cycles the pinned messages and
+    (with ``carry``) the human ones (with ``carry_calls`` all the others too)."""
+    dialect = request.dialect
+    pins = request.pins_possible
+    hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
+    items: list[_Item] = []
+    parts_of = (cache or _TextCache()).parts
+    indices = list(request.earlier())
+    for i in [*indices, *request.span()]:
+        message = request.messages[i]
+        if dialect.is_synthetic(message) or request.keeps(i):
+            continue  # never compact a compaction; the engine sends kept ones itself
+        role = dialect.role(message)
+        carried = i < request.span_start
+        pinned = pins and request.pinned(i)
+        if carried and not pinned and not (
+            carry and (role in _HUMAN_ROLES or carry_calls)
+        ):
+            continue  # earlier cycles: what is carried
+        parts = parts_of(dialect, message)
+        if carried and not pinned and not any(p.text for p in parts):
+            continue  # ... with some text
+        override = _hook_render(request, message) if hooks else None
+        items.append(_Item(i, role, parts, pinned, carried, override))
+    return items
+
+
+def _hook_render(request: CompactionRequest, message: Any) -> tuple[str, ...] | None:
+    result = request.pm.hook.agentcompact_render_message(
+        message=message, dialect=request.dialect, settings={"strategy": "cliff"}
+    )
+    if result is None:
+        return None
+    texts = [p.text for p in request.dialect.parts(message) if p.text]
+    for piece in result:
+        if not isinstance(piece, str) or not any(piece in t for t in texts):
+            raise PluginError(
+                "agentcompact_render_message returned text that is not quoted from the "
+                f"message: {str(piece)[:80]!r}"
+            )
+    return tuple(result)
+
+
+# --- what a skim line says ---------------------------------------------------------------
+@dataclass(frozen=True)
+class _Context:
+    """What rendering needs besides the item: turn numbers, the call each result
+    answers, and which results a later identical call superseded."""
+
+    turn_starts: tuple[int, ...]
+    calls: dict[str, tuple[str, str]]  # call ref -> (tool name, arguments)
+    results: dict[str, Part]  # call ref -> the result answering it
+    superseded: frozenset[str]  # refs of calls repeated later
+    call_items: dict[str, int]  # call ref -> position of the item holding the call
+    texts: _TextCache  # handles and truncations by text (across calls)
+    # one compaction renders its items at several levels, and most caps repeat between
+    # levels: renderings and skim lines are kept here for the call (never across calls)
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, request: CompactionRequest, items: Sequence[_Item],
+           texts: _TextCache | None = None) -> _Context:
+        dialect = request.dialect
+        texts = texts or _TextCache()
+        calls: dict[str, tuple[str, str]] = {}
+        results: dict[str, Part] = {}
+        order: list[tuple[str, str]] = []  # (key, ref) of every call, in order
+        for message in request.messages:
+            if not (dialect.tool_call_ids(message) or dialect.tool_result_ids(message)):
+                continue
+            for part in texts.parts(dialect, message):
+                if part.kind == "tool_call":
+                    calls[part.ref] = (part.name, part.text)
+                    order.append((_call_key(part.name, part.text), part.ref))
+                elif part.kind == "tool_result":
+                    results[part.ref] = part
+        last = {key: ref for key, ref in order}
+        superseded = frozenset(ref for key, ref in order if last[key] != ref)
+        starts = split_turns(request.messages, dialect).starts
+        rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
+                    and not it.pinned for p in it.parts if p.kind == "tool_call"}
+        return cls(starts, calls, results, superseded, rendered, texts)
+
+    def skims_result(self, ref: str, caps: CliffLevel) -> bool:
+        """True when the result of call ``ref`` is left out at ``caps``."""
+        part = self.results.get(ref)
+        if part is None or len(part.text) <= caps.result_keep:
+            return False
+        return not caps.result_max or (ref in self.superseded and not caps.keep_superseded)
+
+    def turn(self, index: int) -> int:
+        return bisect.bisect_right(self.turn_starts, index)
+
+
+class _TextCache:
+    """Handles, line indices and truncation pieces of texts, and the parts of messages,
+    bounded: emptied when it holds more than ``max_entries`` entries or ``max_chars``
+    characters of text (plain dict operations, so threads sharing a strategy at worst
+    compute a value twice)."""
+
+    def __init__(self, max_entries: int = 8_192, max_chars: int = 8_000_000) -> None:
+        self.max_entries, self.max_chars = max_entries, max_chars
+        self._handles: dict[str, str] = {}
+        self._pieces: dict[tuple[str, int, bool], tuple[Seg, ...]] = {}
+        self._lines: dict[str, LineIndex] = {}
+        self._parts: dict[int, tuple[Any, Any, tuple[Part, ...]]] = {}
+        self._chars = 0
+
+    def parts(self, dialect: Any, message: Any) -> tuple[Part, ...]:
+        """``dialect.parts(message)``, kept by the message's identity (the engine takes
+        messages as immutable values; the entry holds the message, so its id stays its)."""
+        found = self._parts.get(id(message))
+        if found is not None and found[0] is message and found[1] is dialect:
+            return found[2]
+        parts = tuple(dialect.parts(message))
+        if len(self._parts) >= self.max_entries:
+            self._parts = {}
+        self._parts[id(message)] = (message, dialect, parts)
+        return parts
+
+    def _room(self, text: str) -> None:
+        self._chars += len(text)
+        if (self._chars > self.max_chars
+                or len(self._handles) + len(self._pieces) >= self.max_entries):
+            self._handles, self._pieces, self._lines = {}, {}, {}
+            self._chars = len(text)
+
+    def handle(self, text: str) -> str:
+        found = self._handles.get(text)
+        if found is None:
+            found = handle_of(text)
+            self._room(text)
+            self._handles[text] = found
+        return found
+
+    def pieces(self, text: str, limit: int, inline: bool) -> tuple[Seg, ...]:
+        key = (text, limit, inline)
+        found = self._pieces.get(key)
+        if found is None:
+            index = None
+            if not inline and text.count("\n") >= 3:  # cut by lines: index them once
+                index = self._lines.get(text)
+                if index is None:
+                    index = self._lines[text] = line_index(text)
+            found = tuple(truncation_pieces(text, limit, inline=inline,
+                                            handle=self.handle(text), index=index))
+            self._room(text)
+            self._pieces[key] = found
+        return found
+
+
+def _call_key(name: str, args: str) -> str:
+    """Calls with the same key supersede each other: same tool, same file or command."""
+    try:
+        value = json.loads(args) if args.startswith("{") else None
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        for key in _KEY_ARGS:
+            if isinstance(value.get(key), str):
+                return f"{name}\x00{key}\x00{value[key]}"
+    return f"{name}\x00{args}"
+
+
+def _result_note(context: _Context, item: _Item, result: Part) -> str:
+    """``[→ SIZE · expand HANDLE]``: a call's result left out, named on the call's line
+    (which gives the tool and its arguments)."""
+    superseded = " · superseded" if result.ref in context.superseded else ""
+    lines = result.text.count("\n") + 1
+    size = f"{lines} lines" if lines > 1 else f"{len(result.text)} chars"
+    return f"[→ {size}{superseded} · expand {context.texts.handle(result.text)}]"
+
+
+def _size_note(text: str) -> str:
+    lines = text.count("\n") + 1
+    return f"{lines} lines, {len(text)} chars" if lines > 1 else f"{len(text)} chars"
+
+
+def _skim_line(context: _Context, item: _Item, part: Part, note: str = "") -> str:
+    """``[turn T · WHAT · SIZE · expand HANDLE]`` for a part left out."""
+    key = ("skim", item.index, id(part), note)
+    line: str | None = context.memo.get(key)
+    if line is None:
+        line = context.memo[key] = _new_skim_line(context, item, part, note)
+    return line
+
+
+def _new_skim_line(context: _Context, item: _Item, part: Part, note: str) -> str:
+    turn = context.turn(item.index)
+    kind = part.kind
+    if kind == "tool_call":
+        what = f"tool call {part.name} {part.text[:_EXCERPT]}"
+        size = f"{len(part.text)} chars" if len(part.text) > _EXCERPT else ""
+    elif kind == "tool_result":
+        name, args = context.calls.get(part.ref, ("", ""))
+        what = f"result of {name} {args[:_EXCERPT]}".rstrip() if name else "tool result"
+        size = _size_note(part.text)
+    else:
+        role = "thinking" if kind == "thinking" else f"{item.role} text"
+        what, size = role, _size_note(part.text)
+    fields = [f"turn {turn}", what, *([size] if size else []), *([note] if note else []),
+              f"expand {context.texts.handle(part.text)}"]
+    return "[" + " · ".join(fields) + "]"
+
+
+# --- rendering one item -------------------------------------------------------------------
+def _effective(limit: int, length: int) -> int:
+    """What a cap of ``limit`` characters does to a text of ``length``: -1 keeps it whole,
+    0 drops it (class-specific), else the limit it is cut to."""
+    return 0 if limit <= 0 else -1 if limit >= length else limit
+
+
+def _shape(context: _Context, item: _Item, caps: CliffLevel) -> tuple[Any, ...]:
+    """What of ``caps`` the rendering of ``item`` depends on (``_render_part`` reads
+    nothing else): two caps with the same shape render the item byte for byte the same."""
+    if item.override is not None:
+        return ()
+    human = item.role in _HUMAN_ROLES
+    out: list[Any] = []
+    for part in item.parts:
+        kind, n = part.kind, len(part.text)
+        if item.pinned and n:
+            out.append(None)
+        elif kind == "text" and n:
+            out.append(_effective(caps.human_max if human else caps.assistant_max, n))
+        elif kind == "thinking" and n:
+            out.append(_effective(caps.thinking_max, n))
+        elif kind == "tool_call":
+            out.append((_effective(caps.call_args_max, n) if n else None,
+                        context.skims_result(part.ref, caps)))
+        elif kind == "tool_result":
+            out.append(True if context.skims_result(part.ref, caps) else
+                       -2 if n <= caps.result_keep else _effective(caps.result_max, n))
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def _size(context: _Context, block: _Block, rate: float) -> int:
+    """``_estimate`` of ``block.full`` (once per block: the item's rate is the call's)."""
+    key = ("size", id(block))
+    size: int | None = context.memo.get(key)
+    if size is None:
+        size = context.memo[key] = _estimate(block.full, rate)
+    return size
+
+
+@dataclass
+class _Block:
+    full: list[Seg]  # the rendering at the level's caps
+    skim: list[Seg]  # skim lines only
+    archived: list[ArchivedItem]  # originals of what ``full`` leaves out or cuts
+    skimmed: list[ArchivedItem]  # originals of every part (for ``skim`` or omission)
+    cut: bool = False  # ``full`` truncates or skims something
+    alone: list[Seg] | None = None  # ``full`` when the items holding the calls are not
+    call_items: frozenset[int] = frozenset()  # ... (their positions) rendered in full
+
+
+def _archived(context: _Context, item: _Item, part: Part, note: str = "") -> ArchivedItem:
+    return ArchivedItem(context.texts.handle(part.text), part.text,
+                        _skim_line(context, item, part, note))
+
+
+def _cap(context: _Context, part: Part, limit: int, inline: bool = False) -> list[Seg]:
+    if limit <= 0 or len(part.text) <= limit:
+        return [(True, part.text)]
+    return list(context.texts.pieces(part.text, limit, inline))
+
+
+def _render_part(context: _Context, item: _Item, part: Part, caps: CliffLevel,
+                 on_call: bool = True) -> tuple[list[Seg], bool]:
+    """The part's segments at ``caps``, and whether they leave something out (with
+    ``on_call``, a result left out is named on its call's line, not here)."""
+    if item.pinned and part.text:
+        return [(True, part.text)], False
+    kind, text = part.kind, part.text
+    if kind == "text" and text:
+        limit = caps.human_max if item.role in _HUMAN_ROLES else caps.assistant_max
+        if limit:
+            return _cap(context, part, limit), len(text) > limit
+        return [(False, _skim_line(context, item, part))], True
+    if kind == "thinking" and text:
+        if not caps.thinking_max:
+            return [], True
+        return [(False, "[thinking] "), *_cap(context, part, caps.thinking_max)], True
+    if kind == "tool_call":
+        args = _cap(context, part, caps.call_args_max, inline=True) if text else []
+        out = [(False, "[tool call "), (True, part.name), (False, "] "), *args]
+        if context.skims_result(part.ref, caps):  # the result's handle, on the call's line
+            out.append((False, " " + _result_note(context, item, context.results[part.ref])))
+        return out, len(text) > caps.call_args_max
+    if kind == "tool_result":
+        if not context.skims_result(part.ref, caps):
+            if len(text) <= caps.result_keep:
+                return ([(True, text)] if text else []), False
+            return _cap(context, part, caps.result_max), True
+        if on_call and part.ref in context.call_items:
+            return [], True  # named on its call's line
+        note = "superseded" if part.ref in context.superseded else ""
+        return [(False, _skim_line(context, item, part, note))], True
+    if kind == "image":
+        return [(False, "[image omitted]")], False
+    return [], False
+
+
+def _join(label: str, pieces: Sequence[list[Seg]]) -> list[Seg]:
+    out: list[Seg] = [(False, label + "\n")]
+    for segs in pieces:
+        if segs:
+            if len(out) > 1:
+                out.append((False, "\n"))
+            out.extend(segs)
+    return out if len(out) > 1 else []
+
+
+def _render(request: CompactionRequest, context: _Context, item: _Item, caps: CliffLevel
+            ) -> _Block:
+    label = _LABELS.get(item.role, f"[{item.role}]")
+    key = ("skimmed", item.index)
+    found: tuple[list[ArchivedItem], list[Seg], dict[int, ArchivedItem]] | None = \
+        context.memo.get(key)
+    if found is None:  # the same at every level
+        with_text = [p for p in item.parts if p.text]
+        skimmed = [_archived(context, item, p) for p in with_text]
+        found = context.memo[key] = (skimmed, _join(label, [[(False, a.skim)] for a in skimmed]),
+                                     {id(p): a for p, a in zip(with_text, skimmed)})
+    skimmed, skim, archived_of = found
+    if item.override is not None:
+        full = _join(label, [[(True, piece)] for piece in item.override])
+        return _Block(full, skim, skimmed, skimmed, True)
+    pieces, alone, archived, cut = [], [], [], False
+    calls: set[int] = set()
+    for part in item.parts:
+        segs, left_out = _render_part(context, item, part, caps)
+        pieces.append(segs)
+        if left_out and part.text:
+            archived.append(archived_of[id(part)])
+            cut = True
+        if part.kind == "tool_result" and not segs and part.ref in context.call_items:
+            calls.add(context.call_items[part.ref])
+            segs = _render_part(context, item, part, caps, on_call=False)[0]
+        alone.append(segs)
+    block = _Block(_join(label, pieces), skim, archived, skimmed, cut)
+    if calls:
+        block.alone, block.call_items = _join(label, alone), frozenset(calls)
+    return block
+
+
+def _tail_items(request: CompactionRequest) -> list[ArchivedItem]:
+    """Originals of the kept messages the engine may truncate (over ``_TAIL_TRUNCATABLE``
+    tokens): ``Dialect.truncate`` names their handle, so an expand must find them."""
+    tail = request.messages[request.cut:]
+    out = []
+    for message, tokens in zip(tail, request.meter.measure(tail).tokens):
+        if tokens <= _TAIL_TRUNCATABLE:
+            continue
+        for part in request.dialect.parts(message):
+            if len(part.text) > _TAIL_MIN_CHARS and part.kind in ("text", "tool_result"):
+                out.append(ArchivedItem(handle_of(part.text), part.text))
+    return out
+
+
+# --- fitting ------------------------------------------------------------------------------
+_OMIT, _SKIM, _FULL = 0, 1, 2
+
+
+def _token_rates(request: CompactionRequest, items: Sequence[_Item]) -> list[float]:
+    """Tokens per character of each item's original message (from cached counts)."""
+    measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
+    rates = []
+    for item, tokens in zip(items, measured):
+        chars = sum(len(p.text) + len(p.name) for p in item.parts)
+        rates.append(tokens / chars if chars else 0.3)
+    return rates
+
+
+def _estimate(block: Sequence[Seg], rate: float) -> int:
+    chars = sum(map(len, map(itemgetter(1), block)))
+    return int(chars * max(rate, 0.25)) + 2 if chars else 0
+
+
+def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], budget: int
+         ) -> list[int]:
+    """Oldest first, bulky items become skim lines, then items go: non-human ones first,
+    human ones next, pinned ones never."""
+    forms = [_FULL if s else _OMIT for s in sizes]
+    total = sum(s + 1 for s in sizes if s)
+    for humans in (False, True):
+        for form, cost in ((_SKIM, skims), (_OMIT, [0] * len(items))):
+            for i, item in enumerate(items):
+                if total <= budget:
+                    return forms
+                if forms[i] > form and not item.pinned and \
+                        (item.role in _HUMAN_ROLES) == humans:
+                    now = sizes[i] if forms[i] == _FULL else skims[i]
+                    if form == _SKIM and skims[i] > now // 2:
+                        continue  # skim lines only where they save half: bulky items
+                    total -= now - cost[i] + (1 if form == _OMIT else 0)
+                    forms[i] = form
+    return forms
+
+
+def _assemble(blocks: Sequence[_Block], forms: Sequence[int],
+              tiers: Sequence[int] | None = None) -> list[Seg]:
+    out: list[Seg] = [(False, COMPACTION_HEADER)]
+    omitted = sum(1 for b, f in zip(blocks, forms) if b.full and f == _OMIT)
+    if omitted:
+        out.append((False, f"\n\n[… {omitted} earlier items omitted …]"))  # searchable
+    tiers = tiers or [0] * len(blocks)
+    for i, (block, form) in enumerate(zip(blocks, forms)):
+        segs = block.full if form == _FULL else block.skim if form == _SKIM else []
+        if form == _FULL and block.alone is not None and any(
+                forms[k] != _FULL or tiers[k] != tiers[i] for k in block.call_items):
+            segs = block.alone  # the results' calls are not there to name them
+        if segs:
+            out.append((False, "\n\n"))
+            out.extend(segs)
+    return out
+
+
+def _report(
+    request: CompactionRequest, items: Sequence[_Item], blocks: Sequence[_Block],
+    forms: Sequence[int],
+) -> list[DroppedItem]:
+    tokens = request.meter.measure([request.messages[it.index] for it in items]).tokens
+    report = []
+    for item, block, form, n in zip(items, blocks, forms, tokens):
+        if form == _OMIT or not block.full:
+            action = "dropped"
+        elif form == _SKIM or block.cut:
+            action = "truncated"
+        else:
+            action = "rendered"
+        kind = item.parts[0].kind if item.parts else "other"
+        report.append(DroppedItem(item.index, item.role, action, n, kind))
+    return report
+
+
+def render_segments(request: CompactionRequest, level: int = 0,
+                    strategy: CliffStrategy | None = None) -> list[Seg]:
+    """The rendering at ``level`` as segments, nothing dropped (for provenance checks)."""
+    strategy = strategy or CliffStrategy(archive=False)
+    items = _collect(request, strategy.carry_forward_human, strategy.carry_forward_calls)
+    context = _Context.of(request, items)
+    blocks = [_render(request, context, it, strategy._caps(it, level)) for it in items]
+    return _assemble(blocks, [_FULL] * len(blocks))
+
+
+def settings_dict(strategy: CliffStrategy) -> dict[str, Any]:
+    return {"levels": [asdict(level) for level in strategy.levels],
+            "carry_forward_human": strategy.carry_forward_human,
+            "carry_forward_calls": strategy.carry_forward_calls,
+            "human_floor_tokens": strategy.human_floor_tokens,
+            "grade_by_age": strategy.grade_by_age, "grade_from": strategy.grade_from}

@@ -1,0 +1,144 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``) and OpenAI's error shape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ._completion import Completion, Frame, token_logprobs
+from ._script import Fault, split_tokens
+
+__all__ = ["ChatWire", "openai_error"]
+
+#: One chunk's (delta, logprobs, output tokens carried).
+_Delta = tuple[dict[str, Any], "dict[str, Any] | None", int]
+
+_ERROR_TYPES = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", None),
+    404: ("invalid_request_error", "model_not_found"),
+    429: ("requests", "rate_limit_exceeded"),
+    504: ("server_error", "timeout"),
+}
+
+
+def openai_error(fault: Fault, input_tokens: int, *, param: str) -> tuple[int, dict[str, Any]]:
+    """OpenAI's ``{"error": {message, type, param, code}}`` for ``fault``."""
+    status = fault.status or 400
+    error_type, code = _ERROR_TYPES.get(status, ("server_error", None))
+    message = fault.message or f"simulated error {status}"
+    if fault.kind == "context_length":
+        tokens = fault.tokens or max(input_tokens, fault.limit + 1)
+        code = "context_length_exceeded"
+        message = fault.message or _context_message(param, fault.limit, tokens)
+    error = {"message": message, "type": error_type, "param": param if code else None, "code": code}
+    return status, {"error": error}
+
+
+def _context_message(param: str, limit: int, tokens: int) -> str:
+    if param == "input":  # the Responses API words it without numbers
+        return ("Your input exceeds the context window of this model. "
+                "Please adjust your input and try again.")
+    return (f"This model's maximum context length is {limit} tokens. However, your messages "
+            f"resulted in {tokens} tokens. Please reduce the length of the messages.")
+
+
+def _finish_reason(completion: Completion) -> str:
+    if completion.truncated:
+        return "length"
+    return "tool_calls" if completion.tool_calls else "stop"
+
+
+def _usage(completion: Completion) -> dict[str, Any]:
+    reasoning = 0  # chat completions carries no thinking in this simulator
+    return {
+        "prompt_tokens": completion.input_tokens,
+        "completion_tokens": completion.output_tokens,
+        "total_tokens": completion.input_tokens + completion.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": reasoning, "audio_tokens": 0,
+                                      "accepted_prediction_tokens": 0,
+                                      "rejected_prediction_tokens": 0},
+    }
+
+
+def _top_logprobs(body: dict[str, Any]) -> int | None:
+    """How many alternatives per token the request asked for; None if no logprobs."""
+    return int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
+
+
+class ChatWire:
+    """Chat Completions: ``chat.completion`` JSON; ``data:`` chunks ending ``data: [DONE]``."""
+
+    name = "openai-chat"
+
+    def output_budget(self, body: dict[str, Any]) -> int | None:
+        budget = body.get("max_completion_tokens", body.get("max_tokens"))
+        return int(budget) if budget is not None else None
+
+    def render(self, completion: Completion, body: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": completion.text if completion.text or not completion.tool_calls else None,
+            "refusal": None,
+            "annotations": [],
+        }
+        if completion.tool_calls:
+            message["tool_calls"] = [
+                {"id": completion.call_id("call_", i), "type": "function",
+                 "function": {"name": call.name, "arguments": call.arguments_json}}
+                for i, call in enumerate(completion.tool_calls)
+            ]
+        top = _top_logprobs(body)
+        logprobs = None
+        if top is not None:
+            content = token_logprobs(split_tokens(completion.text), 0, top)
+            logprobs = {"content": content, "refusal": None}
+        choice = {"index": 0, "message": message, "logprobs": logprobs,
+                  "finish_reason": _finish_reason(completion)}
+        return {**self._envelope(completion, "chat.completion"), "choices": [choice],
+                "usage": _usage(completion)}
+
+    def frames(self, completion: Completion, body: dict[str, Any]) -> Iterator[Frame]:
+        with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        extra = {"usage": None} if with_usage else {}
+        for delta, logprobs, tokens in self._deltas(completion, body):
+            yield Frame({**self._chunk(completion, delta, logprobs), **extra}, tokens=tokens)
+        final = self._chunk(completion, {}, None)
+        final["choices"][0]["finish_reason"] = _finish_reason(completion)
+        yield Frame({**final, **extra})
+        if with_usage:
+            yield Frame({**self._envelope(completion, "chat.completion.chunk"), "choices": [],
+                         "usage": _usage(completion)})
+        yield Frame("[DONE]")
+
+    def error(self, fault: Fault, input_tokens: int) -> tuple[int, dict[str, Any]]:
+        return openai_error(fault, input_tokens, param="messages")
+
+    def _envelope(self, completion: Completion, kind: str) -> dict[str, Any]:
+        return {"id": f"chatcmpl-sim{completion.ordinal:06d}", "object": kind,
+                "created": completion.created, "model": completion.model,
+                "system_fingerprint": "fp_upstream_sim", "service_tier": "default"}
+
+    def _chunk(self, completion: Completion, delta: dict[str, Any],
+               logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        return {**self._envelope(completion, "chat.completion.chunk"), "choices": [choice]}
+
+    def _deltas(self, completion: Completion, body: dict[str, Any]) -> Iterator[_Delta]:
+        """(delta, logprobs, tokens) for each chunk before the finishing one."""
+        has_text = bool(completion.text) or not completion.tool_calls
+        yield {"role": "assistant", "content": "" if has_text else None, "refusal": None}, None, 0
+        top = _top_logprobs(body)
+        for position, piece in enumerate(split_tokens(completion.text)):
+            logprobs = None
+            if top is not None:
+                logprobs = {"content": token_logprobs([piece], position, top), "refusal": None}
+            yield {"content": piece}, logprobs, 1
+        for index, call in enumerate(completion.tool_calls):
+            opening = {"index": index, "id": completion.call_id("call_", index), "type": "function",
+                       "function": {"name": call.name, "arguments": ""}}
+            yield {"tool_calls": [opening]}, None, 1
+            for piece in split_tokens(call.arguments_json):
+                yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}, None, 1

@@ -1,0 +1,157 @@
+"""``agentcompact proxy``: run the compaction proxy in the foreground.
+
+``add_parser(subparsers)`` adds the ``proxy`` sub-command to the ``agentcompact`` command;
+``run(args)`` serves until interrupted. Every flag has an ``AGENTCOMPACT_*`` environment
+variable (flags win); see ``docs/proxy.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+import orjson
+
+from agentcompact.errors import AgentCompactError
+
+from ._config import ENV_PREFIX, ProxyConfig
+
+__all__ = ["add_parser", "build_config", "main", "run", "warn_small_trigger"]
+
+log = logging.getLogger("agentcompact.proxy")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``proxy`` to an ``argparse`` sub-parsers object; returns the new parser."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "proxy", help="run the transparent compaction proxy",
+        description="Transparent HTTP proxy that compacts Anthropic / OpenAI request bodies. "
+                    f"Each flag can also be set by an environment variable {ENV_PREFIX}<FLAG> "
+                    "(e.g. AGENTCOMPACT_TRIGGER); flags win.")
+    _add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a("--host", help="interface to bind (default 127.0.0.1)")
+    a("--port", type=int, help="port (default 8719; 0 = any free port)")
+    a("--strategy", help="compaction strategy from the plugin registry (default cliff)")
+    a("--strategy-option", action="append", metavar="KEY=VALUE", dest="strategy_option",
+      help="strategy factory setting (VALUE parsed as JSON when it parses); repeatable")
+    a("--trigger", type=int, metavar="TOKENS",
+      help="compact when a request (messages, system prompt and tools) exceeds this many "
+           "tokens (default 100000)")
+    a("--target", type=int, metavar="TOKENS",
+      help="size to compact down to (default: the request's fixed part - system prompt, "
+           "tools, instruction items - plus a quarter of what the trigger leaves besides it)")
+    a("--counter", help="token counter: tiktoken (default), tiktoken:ENC, hf:PATH, chars")
+    a("--anthropic-upstream", metavar="URL", help="default https://api.anthropic.com")
+    a("--openai-upstream", metavar="URL", help="default https://api.openai.com")
+    a("--record", metavar="DIR", help="record every model call and compaction for RL export")
+    a("--shadow", action="store_true", default=None,
+      help="compute and log compactions, forward every request unchanged")
+    a("--strict", action="store_true", default=None,
+      help="refuse (HTTP 400) a request still over budget after compaction")
+    a("--debug-dir", metavar="DIR", help="dump incoming/outgoing bodies (redacted) here")
+    a("--no-reactive", dest="reactive", action="store_false", default=None,
+      help="do not compact and replay after a provider context-length error")
+    a("--max-sessions", type=int, help="sessions kept in memory (default 256)")
+    a("--archive", metavar="FILE", help="SQLite file archiving what compaction drops, "
+                                         "instead of the store (served by 'agentcompact "
+                                         "mcp --archive FILE')")
+    a("--quiet", dest="log_requests", action="store_false", default=None,
+      help="no per-request JSON log lines")
+    a("--store", metavar="URL",
+      help="where compacted prefixes and dropped originals live, shared by replicas: "
+           "sqlite:///PATH, redis://HOST:PORT, or memory (this process only); default "
+           "sqlite in --state-dir")
+    a("--state-dir", metavar="DIR",
+      help="folder of the default store (default $AGENTCOMPACT_STATE_DIR or ~/.agentcompact)")
+    a("--log-level", default="INFO", help="logging level (default INFO)")
+
+
+def build_config(args: argparse.Namespace) -> ProxyConfig:
+    """Defaults < ``AGENTCOMPACT_*`` environment < flags."""
+    overrides = {k: getattr(args, k, None) for k in (
+        "host", "port", "strategy", "trigger", "target", "counter", "anthropic_upstream",
+        "openai_upstream", "record", "shadow", "strict", "debug_dir", "reactive",
+        "max_sessions", "log_requests", "store", "state_dir", "archive")}
+    options = _options(getattr(args, "strategy_option", None) or [])
+    if options:
+        overrides["strategy_options"] = options
+    return ProxyConfig.from_env(**overrides)
+
+
+def _options(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise AgentCompactError(f"--strategy-option expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve the proxy until interrupted; returns the exit status."""
+    import uvicorn
+
+    from ._app import create_app
+
+    _setup_logging(getattr(args, "log_level", "INFO"))
+    try:
+        config = build_config(args)
+        app = create_app(config)
+    except AgentCompactError as exc:
+        print(f"agentcompact proxy: {exc}", file=sys.stderr)
+        return 2
+    warn_small_trigger(config.trigger)
+    mode = "shadow" if config.shadow else ("strict" if config.strict else "active")
+    log.info("agentcompact proxy on http://%s:%d (%s, strategy=%s, trigger=%d tokens)",
+             config.host, config.port, mode, config.strategy, config.trigger)
+    uvicorn.run(app, host=config.host, port=config.port, log_config=None,
+                log_level="warning", access_log=False)
+    return 0
+
+
+#: today's coding CLIs send this much that compaction keeps (system prompt, tools,
+#: instruction items) before any history: Claude Code 2.1 ~11k tokens, Codex 0.171 ~13k
+HARNESS_FIXED_TOKENS = 13_000
+
+
+def warn_small_trigger(trigger: int) -> None:
+    """Warn at start-up about a trigger today's harnesses' fixed prompt alone would fill half
+    of (each session's first request is checked against its own fixed part too)."""
+    if trigger < 2 * HARNESS_FIXED_TOKENS:
+        log.warning("trigger %d tokens: Claude Code and Codex send ~%dk tokens of system "
+                    "prompt, tools and instructions that compaction keeps; a trigger below "
+                    "%d leaves them little room (see docs/proxy.md)", trigger,
+                    HARNESS_FIXED_TOKENS // 1000, 2 * HARNESS_FIXED_TOKENS)
+
+
+def _setup_logging(level: str) -> None:
+    logger = logging.getLogger("agentcompact")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agentcompact.integrations.proxy``: the ``proxy`` sub-command alone."""
+    parser = argparse.ArgumentParser(prog="agentcompact proxy",
+                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    _add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
