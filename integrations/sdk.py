@@ -210,6 +210,7 @@ class Session:
             compacted=bool(result is not None and result.modified), group_id=self.group_id,
             prompt_token_ids=got.prompt_token_ids, response_token_ids=got.token_ids,
             response_logprobs=got.logprobs,
+            response_token_bytes=got.token_bytes if got.token_ids is None else None,
         )
         log_model_call(call, self.pm)
 

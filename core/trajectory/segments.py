@@ -30,6 +30,7 @@ import orjson
 from ..dialects.base import Dialect, digest_of
 from ..errors import TokenizerError, TrajectoryError
 from ..events import CompactionEvent, ModelCall, SummaryCall
+from .sampled import token_ids_from_bytes
 from .tokenize import (
     ChatTokenizer,
     PrefixBreak,
@@ -248,6 +249,7 @@ class _Builder:
         self.tools = to_chat_tools(call.request.get("tools"))
         self.recorded = _recorded(call)
         self.logprobs_known = True
+        self.unmapped: list[str] = []  # why a call's logprobs could not be given ids
         self.num_calls = 0
         self.window = None if exact or self.recorded else _Window(tok, self.tools)
         self.unverified = False  # some text came from the window
@@ -310,12 +312,27 @@ class _Builder:
                 pending = _Pending(0, None, "", None, None, ())
             pending.sampled = sampled
             pending.engine_ids, pending.logprobs = call.response_token_ids, call.response_logprobs
+            if pending.engine_ids is None and pending.logprobs is not None:
+                pending.engine_ids = self._mapped(call)
             self.queue.append(pending)
             self.queued += len(sampled) + len(pending.glue or "")
             self.after = self.gen + sampled
             self.full = full
         self.chat = chat
         self.ext = [*call.messages, *call.response]
+
+    def _mapped(self, call: ModelCall) -> list[int] | None:
+        """Ids for logprobs a server sent without them (OpenAI): each scored token's bytes
+        mapped to exactly one id of the export's tokenizer (``TokenStream.sample`` keeps the
+        logprobs only when these ids are the sampled turn's ids), else ``None``."""
+        pieces = call.response_token_bytes
+        ids = token_ids_from_bytes(pieces, self.tok.hf) if pieces else None
+        if ids is None or len(ids) != len(call.response_logprobs or ()):
+            self.unmapped.append(f"call {call.call_id}: " + (
+                "the server sent logprobs without token ids or bytes" if not pieces else
+                f"not every scored token's bytes is one token of {self.tok.name}"))
+            return None
+        return ids
 
     def _continues(self, call: ModelCall) -> bool:
         """Message level: the context starts with the previous context + response (equal
@@ -386,7 +403,13 @@ class _Builder:
                     assert p.context is not None
                     self._confirm(p.context, True, p.gen)
                     return p.index, exc.reason
-            self.logprobs_known &= self.stream.sample(p.sampled, p.engine_ids, p.logprobs)
+            kept = self.stream.sample(p.sampled, p.engine_ids, p.logprobs)
+            if not kept and p.logprobs is not None and p.engine_ids is not None:
+                self.unmapped.append(
+                    f"call {p.index} of the segment: {len(p.engine_ids)} scored tokens are "
+                    f"not the sampled turn's tokens under {self.tok.name} (OpenAI scores "
+                    "neither the stop token nor tool-call arguments)")
+            self.logprobs_known &= kept
         return None
 
     def check(self) -> None:
@@ -401,6 +424,11 @@ class _Builder:
         assert s is not None, "flush() the builder before closing it"
         s.verify()
         known = self.logprobs_known
+        if self.unmapped and not known:
+            logger.warning("episode %s: the server's logprobs are not kept (%d calls; first: "
+                           "%s); the rows get logprobs_mode none: export with "
+                           "--recompute-logprobs MODEL", self.first.episode_id,
+                           len(self.unmapped), self.unmapped[0])
         return Segment(
             prompt_ids=s.prompt_ids,
             response_ids=s.response_ids,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from starlette.applications import Starlette
 
 from .app import FAULT_HEADER, RecordedRequest, StreamDropped, UpstreamSim
+from .completion import SimTokenizer, logprob_of
 from .latency import LatencyModel
 from .runner import RunningServer, serve
 from .script import (
@@ -38,6 +39,7 @@ __all__ = [
     "Responder",
     "RunningServer",
     "Script",
+    "SimTokenizer",
     "Step",
     "StreamDropped",
     "Thinking",
@@ -49,6 +51,7 @@ __all__ = [
     "estimate_tokens",
     "filler_text",
     "last_user_text",
+    "logprob_of",
     "prompt_text",
     "prompt_tokens",
     "serve",

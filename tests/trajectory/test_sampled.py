@@ -4,6 +4,10 @@ logprobs (chat, streamed chat, responses) and vLLM's return_token_ids shape."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from agentcompact.integrations.upstream_sim.completion import Completion
 from agentcompact.integrations.upstream_sim.openai_wire import ChatWire
@@ -13,6 +17,7 @@ from agentcompact.trajectory.sampled import (
     from_chat_chunks,
     from_chat_completion,
     from_responses,
+    token_ids_from_bytes,
 )
 
 TEXT = "The fix is in parser.py, line 12."
@@ -52,7 +57,8 @@ def test_vllm_return_token_ids_shape() -> None:
     got = from_chat_completion(body)
     assert got.model_call_fields() == {"prompt_token_ids": [1, 2, 3],
                                        "response_token_ids": [7, 8],
-                                       "response_logprobs": [-0.5, -0.25]}
+                                       "response_logprobs": [-0.5, -0.25],
+                                       "response_token_bytes": None}  # ids given: not kept
     chunks = [{"prompt_token_ids": [1, 2, 3], "choices": [{"delta": {}, "token_ids": []}]},
               {"choices": [{"delta": {"content": "h"}, "token_ids": [7]}]},
               {"choices": [{"delta": {"content": "i"}, "token_ids": [8]}]}]
@@ -73,3 +79,111 @@ def test_a_stream_of_several_choices_reads_choice_zero_only() -> None:
     got = from_chat_chunks(chunks)
     assert (got.prompt_token_ids, got.response_token_ids, got.response_logprobs) == (
         [1, 2], [7, 8], [-0.5])
+
+
+# ------------------------------------------------- the simulator as vLLM, ids from bytes
+
+QWEN = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
+needs_qwen = pytest.mark.skipif(not QWEN.exists(), reason=f"tokenizer absent: {QWEN}")
+TOOLS = [{"type": "function", "function": {
+    "name": "read_file", "parameters": {"type": "object",
+                                        "properties": {"path": {"type": "string"}}}}}]
+
+
+@needs_qwen
+def test_the_simulator_serves_vllm_token_ids_plain_and_streamed() -> None:
+    transformers = pytest.importorskip("transformers")
+    openai = pytest.importorskip("openai")
+    from agentcompact.integrations.upstream_sim import Reply, Script, UpstreamSim, serve
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(QWEN))
+    turn = Reply.tool("read_file", {"path": "é.py"}, text="Let me look…")
+    sim = UpstreamSim(Script(turn, turn, Reply("naïve ✓ done."), Reply("naïve ✓ done.")),
+                      tokenizer=hf)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    ask = {"return_token_ids": True}
+    with serve(sim) as server, openai.OpenAI(base_url=server.base_url + "/v1",
+                                             api_key="k", max_retries=0) as client:
+        def both(**kw: Any) -> tuple[Any, Any]:
+            plain = client.chat.completions.create(model="m", messages=messages,
+                                                   logprobs=True, extra_body=ask, **kw)
+            chunks = client.chat.completions.create(model="m", messages=messages, stream=True,
+                                                    logprobs=True, extra_body=ask, **kw)
+            return plain.model_dump(), [c.model_dump() for c in chunks]
+
+        tool_plain, tool_chunks = both(tools=TOOLS)
+        text_plain, text_chunks = both()
+    prompt = hf.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True,
+                                    tokenize=False)
+    assert tool_plain["prompt_token_ids"] == hf.encode(prompt, add_special_tokens=False)
+    ids = tool_plain["choices"][0]["token_ids"]
+    answer = hf.decode(ids)
+    assert answer.startswith("Let me look…\n<tool_call>") and answer.endswith("<|im_end|>")
+    assert tool_plain["usage"]["completion_tokens"] == len(ids)
+    for plain, chunks in ((tool_plain, tool_chunks), (text_plain, text_chunks)):
+        got, streamed = from_chat_completion(plain), from_chat_chunks(chunks)
+        assert streamed.prompt_token_ids == got.prompt_token_ids is not None
+        assert streamed.response_token_ids == got.response_token_ids is not None
+        assert got.response_logprobs is not None
+        assert len(got.response_logprobs) == len(got.response_token_ids)
+        assert streamed.response_logprobs == got.response_logprobs
+        # vLLM: prompt ids on the first chunk only, the stop token on the finishing one
+        assert "prompt_token_ids" in chunks[0] and all(
+            c.get("prompt_token_ids") is None for c in chunks[1:])
+        finishing = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        assert finishing[0]["choices"][0]["token_ids"] == [hf.convert_tokens_to_ids(
+            "<|im_end|>")]
+        # the bytes of each scored token map back to exactly its id
+        assert token_ids_from_bytes(got.token_bytes or [], hf) == got.response_token_ids
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in text_chunks
+                   if c["choices"])
+    assert text == text_plain["choices"][0]["message"]["content"] == "naïve ✓ done."
+    args = "".join(t["function"]["arguments"] or "" for c in tool_chunks if c["choices"]
+                   for t in c["choices"][0]["delta"].get("tool_calls") or [])
+    assert json.loads(args) == {"path": "é.py"}
+
+
+def test_byte_alphabet_is_gpt2s() -> None:
+    convert = pytest.importorskip("transformers.convert_slow_tokenizer")
+    from agentcompact.trajectory.sampled import _BYTE_CHARS
+
+    assert convert.bytes_to_unicode() == _BYTE_CHARS
+
+
+SAMPLE = "naïve café → 3 × 7 = 21 ✓ 日本語 𓀀🦜 ok\n"
+
+
+def _partial(piece: list[int]) -> bool:
+    """A token that is part of a UTF-8 character (its bytes alone do not decode)."""
+    try:
+        bytes(piece).decode()
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def test_token_ids_from_bytes_with_tiktoken() -> None:
+    tiktoken = pytest.importorskip("tiktoken")
+    try:
+        enc = tiktoken.get_encoding("o200k_base")
+    except Exception as exc:  # offline without the cached file
+        pytest.skip(f"o200k_base not available: {exc}")
+    ids = enc.encode(SAMPLE)
+    pieces = [list(enc.decode_single_token_bytes(t)) for t in ids]
+    assert any(_partial(p) for p in pieces)
+    assert token_ids_from_bytes(pieces, enc) == ids
+    assert token_ids_from_bytes([*pieces, list(b"\xff" * 40)], enc) is None
+
+
+@needs_qwen
+def test_token_ids_from_bytes_with_the_qwen_tokenizer() -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(QWEN))
+    ids = hf.encode(SAMPLE + "<|im_end|>", add_special_tokens=False)
+    from agentcompact.integrations.upstream_sim import SimTokenizer
+
+    pieces = [list(SimTokenizer(hf).token_bytes(t)) for t in ids]
+    assert any(_partial(p) for p in pieces)
+    assert token_ids_from_bytes(pieces, hf) == ids
+    assert hf.decode(ids) == SAMPLE + "<|im_end|>"
+    assert token_ids_from_bytes([list("no such token, surely".encode())], hf) is None
