@@ -464,13 +464,27 @@ def _summary_segment(summary: SummaryCall, tok: ChatTokenizer, first: ModelCall,
         return None
     if not full.startswith(ask):
         return None
-    stream = TokenStream(tok, ask)
-    stream.sample(tok.split_at_eos(full[len(ask):])[0])
+    logprobs = summary.response_logprobs
+    if summary.prompt_token_ids is not None and summary.response_token_ids is not None:
+        # the summarizer's server reported its ids: train on them as they are
+        stream = TokenStream.from_ids(tok, summary.prompt_token_ids)
+        known = logprobs is not None and len(logprobs) == len(summary.response_token_ids)
+        stream.push_ids(summary.response_token_ids, 1, logprobs if known else None)
+    else:
+        stream = TokenStream(tok, ask)
+        mapped = (token_ids_from_bytes(summary.response_token_bytes, tok.hf)
+                  if summary.response_token_bytes and logprobs is not None else None)
+        known = stream.sample(tok.split_at_eos(full[len(ask):])[0], mapped, logprobs)
+    if logprobs is not None and not known:
+        logger.warning("summary %s: the summarizer's logprobs are not its sampled tokens "
+                       "under %s; the row gets logprobs_mode none (--recompute-logprobs)",
+                       summary.call_id, tok.name)
     n = len(stream.response_ids)
     return Segment(
         prompt_ids=stream.prompt_ids, response_ids=stream.response_ids,
-        response_mask=stream.mask, rollout_logprobs=[0.0] * n, logprobs_known=False,
-        sampling=_sampling(first, False), policy_version=int(first.policy_version),
+        response_mask=stream.mask, rollout_logprobs=stream.logprobs if known else [0.0] * n,
+        logprobs_known=known,
+        sampling=_sampling(first, known), policy_version=int(first.policy_version),
         model=summary.model or first.model, num_calls=0, summary_span=[0, n],
         summary_trained=True, compaction_trigger=trigger, break_reason="summary",
         messages_json=orjson.dumps([*chat, answer]).decode() if keep_messages else None,
