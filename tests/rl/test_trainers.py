@@ -206,18 +206,20 @@ def test_skyrl_validator_passes_on_our_step_wise_rows() -> None:
 
 def verl_log_prob(model: Any, b: Any) -> Any:
     """``log π(responses)`` ``[B, R]`` on a verl batch (prompts left-padded, responses
-    right-padded), gathered in chunks over the vocabulary (a 152k vocabulary never builds
-    ``B × R × V`` logits)."""
+    right-padded) where ``response_mask`` is 1 (0 elsewhere: verl's loss masks those),
+    gathered in chunks over the vocabulary (a 152k vocabulary never builds ``B × R × V``
+    logits)."""
     from agentcompact.rl.logprobs import chosen_logprobs
 
     hidden = model.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                          position_ids=b["position_ids"]).last_hidden_state
     r_len, width = b["responses"].shape[1], b["input_ids"].shape[1]
     where = torch.zeros_like(b["input_ids"])
-    where[:, width - r_len:] = 1
-    logp, _, _ = chosen_logprobs(hidden, model.lm_head.weight,
-                                 {"input_ids": b["input_ids"], "loss_mask": where})
-    return logp.view(-1, r_len)
+    where[:, width - r_len:] = b["response_mask"]
+    logp, rows, positions = chosen_logprobs(hidden, model.lm_head.weight,
+                                            {"input_ids": b["input_ids"], "loss_mask": where})
+    out = torch.zeros(b["responses"].shape, dtype=logp.dtype)
+    return out.index_put((rows, positions - (width - r_len)), logp)
 
 
 def verl_two_steps(rows: list[dict[str, Any]], model: Any, pad_token_id: int) -> list[float]:
