@@ -187,3 +187,80 @@ def test_token_ids_from_bytes_with_the_qwen_tokenizer() -> None:
     assert token_ids_from_bytes(pieces, hf) == ids
     assert hf.decode(ids) == SAMPLE + "<|im_end|>"
     assert token_ids_from_bytes([list("no such token, surely".encode())], hf) is None
+
+
+def _run_without_ids(run: Path, tokenizer: Any) -> None:
+    """Two SDK-wrapped calls with ``logprobs`` but no ``return_token_ids`` (OpenAI's
+    shape: each token's text and bytes, no ids), recorded."""
+    openai = pytest.importorskip("openai")
+    from agentcompact import new_plugin_manager
+    from agentcompact.integrations.sdk import compact
+    from agentcompact.integrations.upstream_sim import Reply, Script, UpstreamSim, serve
+    from agentcompact.plugins.recorder import Recorder
+
+    pm = new_plugin_manager()
+    recorder = Recorder(run)
+    pm.register(recorder)
+    script = Script(Reply.tool("read_file", {"path": "a.py"}, text="Looking…"),
+                    Reply("Fixed: naïve ✓."))
+    with serve(UpstreamSim(script, tokenizer=tokenizer)) as server, openai.OpenAI(
+            base_url=server.base_url + "/v1", api_key="k", max_retries=0) as raw:
+        client = compact(raw, trigger_tokens=100_000, plugins=pm)
+        messages: list[Any] = [{"role": "user", "content": "fix it"}]
+        first = client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                               logprobs=True).choices[0].message
+        messages += [first, {"role": "tool", "tool_call_id": first.tool_calls[0].id,
+                             "content": "def f(x): return x"}]
+        client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                       logprobs=True)
+    recorder.close()
+
+
+@needs_qwen
+def test_export_gives_openai_logprobs_their_ids_from_the_bytes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("pyarrow")
+    transformers = pytest.importorskip("transformers")
+    from agentcompact.integrations.upstream_sim import logprob_of
+    from agentcompact.trajectory.events_log import read_events
+    from agentcompact.trajectory.export import read_export
+    from agentcompact.trajectory.export_cli import main as export_main
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(QWEN))
+    for name, tokenizer in (("qwen", hf), ("pieces", None)):
+        run, out = tmp_path / name / "run", tmp_path / name / "out"
+        _run_without_ids(run, tokenizer)
+        calls = read_events(run).of_kind("model_call")
+        assert all(c.data["response_token_ids"] is None and c.data["response_token_bytes"]
+                   for c in calls)
+        assert export_main([str(run), "--out", str(out), "--tokenizer", str(QWEN),
+                            "--no-progress", "--workers", "1"]) == 0
+        (row,) = read_export(out)
+        sampled = [lp for lp, m in zip(row["rollout_logprobs"], row["response_mask"],
+                                       strict=True) if m]
+        if tokenizer is not None:  # each scored token is one Qwen token: logprobs kept
+            assert row["sampling"]["logprobs_mode"] == "raw"
+            n = len(calls[0].data["response_logprobs"])
+            assert sampled == pytest.approx(
+                [logprob_of(k) for k in range(n)]
+                + [logprob_of(k) for k in range(len(sampled) - n)], abs=1e-6)
+        else:  # 4-character pieces are not Qwen's tokens: not kept, and said so
+            assert row["sampling"]["logprobs_mode"] == "none" and not any(sampled)
+            assert "--recompute-logprobs" in caplog.text
+
+
+def test_a_trained_summarizer_asks_for_logprobs_and_ids_only_when_told() -> None:
+    from agentcompact.summarizer import Summarizer
+
+    prompt = [{"role": "user", "content": "summarize"}]
+    plain = Summarizer("http://127.0.0.1:9/v1", "m").request_kwargs(prompt, 10)
+    assert "logprobs" not in plain and "extra_body" not in plain
+    trained = Summarizer("http://127.0.0.1:9/v1", "m", trained=True)
+    assert trained.request_kwargs(prompt, 10)["logprobs"] is True
+    assert "extra_body" not in trained.request_kwargs(prompt, 10)  # OpenAI rejects the field
+    vllm = Summarizer("http://127.0.0.1:9/v1", "m", trained=True, return_token_ids=True,
+                      extra_body={"top_k": 5})
+    assert vllm.request_kwargs(prompt, 10)["extra_body"] == {"top_k": 5,
+                                                             "return_token_ids": True}
+    off = Summarizer("http://127.0.0.1:9/v1", "m", trained=True, logprobs=False)
+    assert "logprobs" not in off.request_kwargs(prompt, 10) and not off.records_tokens
