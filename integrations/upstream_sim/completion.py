@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -101,7 +101,8 @@ class SimTokenizer:
         self.eos_text = str(tokenizer.eos_token or "")
         self._special = {int(i): str(t.content)
                          for i, t in tokenizer.added_tokens_decoder.items()}
-        self._bytes_of = {c: b for b, c in bytes_to_unicode().items()}
+        table: dict[int, str] = bytes_to_unicode()  # type: ignore[no-untyped-call]
+        self._bytes_of = {c: b for b, c in table.items()}
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes of one token (byte-level BPE; an added token: its text)."""
@@ -158,7 +159,7 @@ def _template_message(message: Any) -> Any:
     return out
 
 
-def token_logprobs(pieces: list[str] | list[bytes], start: int, top: int
+def token_logprobs(pieces: Sequence[str | bytes], start: int, top: int
                    ) -> list[dict[str, Any]]:
     """Deterministic per-token logprobs in OpenAI's shape (``top`` alternatives each); a
     piece given as bytes (a real token, maybe part of a UTF-8 character) keeps its exact

@@ -186,7 +186,7 @@ def test_token_ids_from_bytes_with_the_qwen_tokenizer() -> None:
     assert any(_partial(p) for p in pieces)
     assert token_ids_from_bytes(pieces, hf) == ids
     assert hf.decode(ids) == SAMPLE + "<|im_end|>"
-    assert token_ids_from_bytes([list("no such token, surely".encode())], hf) is None
+    assert token_ids_from_bytes([list(b"no such token, surely")], hf) is None
 
 
 def _run_without_ids(run: Path, tokenizer: Any) -> None:
