@@ -208,9 +208,7 @@ class Session:
             response=_json_safe(_unparsed(got.response)), request=_request_fields(kwargs),
             usage=_json_safe(got.usage or {}), model=str(got.model) if got.model else None,
             compacted=bool(result is not None and result.modified), group_id=self.group_id,
-            prompt_token_ids=got.prompt_token_ids, response_token_ids=got.token_ids,
-            response_logprobs=got.logprobs,
-            response_token_bytes=got.token_bytes if got.token_ids is None else None,
+            **got.model_call_fields(),
         )
         log_model_call(call, self.pm)
 

@@ -58,6 +58,13 @@ class Reassembled:
     #: sends no ids: the exporter maps them to its tokenizer's ids
     token_bytes: list[list[int]] | None = None
 
+    def model_call_fields(self) -> dict[str, Any]:
+        """The sampled-token keyword arguments of a ``ModelCall`` (``ModelCall(...,
+        **got.model_call_fields())``); token bytes only when there are no ids."""
+        return {"prompt_token_ids": self.prompt_token_ids, "response_token_ids": self.token_ids,
+                "response_logprobs": self.logprobs,
+                "response_token_bytes": self.token_bytes if self.token_ids is None else None}
+
 
 def iter_sse(data: bytes) -> Iterator[tuple[str | None, str]]:
     """``(event, data)`` for each server-sent event in ``data`` (comments skipped)."""

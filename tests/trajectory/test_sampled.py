@@ -264,3 +264,32 @@ def test_a_trained_summarizer_asks_for_logprobs_and_ids_only_when_told() -> None
                                                              "return_token_ids": True}
     off = Summarizer("http://127.0.0.1:9/v1", "m", trained=True, logprobs=False)
     assert "logprobs" not in off.request_kwargs(prompt, 10) and not off.records_tokens
+
+
+@needs_qwen
+def test_the_proxy_reassembler_reads_the_simulators_ids_from_its_wire_bytes() -> None:
+    pytest.importorskip("transformers")
+    from agentcompact.integrations.proxy.reassemble import reassemble
+    from agentcompact.integrations.upstream_sim import Reply, SimTokenizer
+    from agentcompact.integrations.upstream_sim.completion import complete
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+            "logprobs": True, "return_token_ids": True}
+    done = complete(Reply.tool("read_file", {"path": "a.py"}, text="ok"), body, ordinal=1,
+                    budget=None, tokenizer=SimTokenizer(QWEN))
+    assert done.ids is not None
+    plain = reassemble("openai_chat", json.dumps(ChatWire().render(done, body)).encode(),
+                       streamed=False)
+    sse = b"".join(f.encode() for f in ChatWire().frames(done, body))
+    streamed = reassemble("openai_chat", sse, streamed=True)
+    for got in (plain, streamed):
+        fields = got.model_call_fields()
+        assert fields["prompt_token_ids"] == done.ids.prompt
+        assert fields["response_token_ids"] == done.ids.response
+        assert fields["response_logprobs"] is not None
+        assert len(fields["response_logprobs"]) == len(done.ids.response)
+        assert fields["response_token_bytes"] is None  # ids given: bytes not kept
+    without_ids = reassemble("openai_chat", sse.replace(b'"token_ids"', b'"other_ids"'),
+                             streamed=True).model_call_fields()
+    assert without_ids["response_token_ids"] is None
+    assert without_ids["response_token_bytes"] == [list(p) for p in done.ids.pieces]
