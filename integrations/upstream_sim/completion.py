@@ -52,7 +52,7 @@ def complete(reply: Reply, body: dict[str, Any], *, ordinal: int, budget: int | 
     thought = estimate_tokens(reply.thinking.text) if reply.thinking else 0
     spent = thought + estimate_tokens(text)
     spent += sum(estimate_tokens(call.name + call.arguments_json) for call in calls)
-    ids = tokenizer.sample(body, text, calls) if tokenizer is not None else None
+    ids = tokenizer.sample(body, text, calls, stopped=not truncated) if tokenizer else None
     return Completion(
         ordinal=ordinal,
         model=str(body.get("model") or "sim-model"),
@@ -111,13 +111,17 @@ class SimTokenizer:
         piece = str(self.hf.convert_ids_to_tokens(token_id))
         return bytes(self._bytes_of[c] for c in piece)
 
-    def sample(self, body: Mapping[str, Any], text: str,
-               calls: tuple[ToolCall, ...]) -> SampledIds:
+    def sample(self, body: Mapping[str, Any], text: str, calls: tuple[ToolCall, ...], *,
+               stopped: bool = True) -> SampledIds:
+        """The ids of one answer; ``stopped=False`` (cut by the output budget): no stop
+        token was sampled."""
         messages = [_template_message(m) for m in body.get("messages") or []]
         tools = body.get("tools") or None
         ask = self.hf.apply_chat_template(messages, tools=tools, tokenize=False,
                                           add_generation_prompt=True)
-        answer: dict[str, Any] = {"role": "assistant", "content": text}
+        # the content as the wire sends it (None for a turn of tool calls only)
+        answer: dict[str, Any] = {"role": "assistant",
+                                  "content": text if text or not calls else None}
         if calls:
             answer["tool_calls"] = [
                 {"type": "function", "function": {"name": c.name, "arguments": _loaded(
@@ -126,6 +130,8 @@ class SimTokenizer:
         sampled = full[len(ask):] if full.startswith(ask) else text + self.eos_text
         end = sampled.rfind(self.eos_text) if self.eos_text else -1
         sampled = sampled[: end + len(self.eos_text)] if end >= 0 else sampled
+        if not stopped and self.eos_text and sampled.endswith(self.eos_text):
+            sampled = sampled[: -len(self.eos_text)]
         response = list(self.hf.encode(sampled, add_special_tokens=False))
         return SampledIds(prompt=list(self.hf.encode(ask, add_special_tokens=False)),
                           response=response, pieces=[self.token_bytes(t) for t in response],

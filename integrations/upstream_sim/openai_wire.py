@@ -168,6 +168,8 @@ class ChatWire:
             shown += len(text)
             yield Frame(chunk({"content": text}, position, position + 1), tokens=1)
             position += 1
+        if shown < len(completion.text):  # held back by the decoder, or not aligned
+            yield Frame(chunk({"content": completion.text[shown:]}, position, position))
         for index, call in enumerate(completion.tool_calls):
             opening = {"index": index, "id": completion.call_id("call_", index),
                        "type": "function", "function": {"name": call.name, "arguments": ""}}

@@ -293,3 +293,24 @@ def test_the_proxy_reassembler_reads_the_simulators_ids_from_its_wire_bytes() ->
                              streamed=True).model_call_fields()
     assert without_ids["response_token_ids"] is None
     assert without_ids["response_token_bytes"] == [list(p) for p in done.ids.pieces]
+
+
+@needs_qwen
+def test_an_answer_cut_by_the_output_budget_samples_no_stop_token() -> None:
+    pytest.importorskip("transformers")
+    from agentcompact.integrations.upstream_sim import Reply, SimTokenizer
+    from agentcompact.integrations.upstream_sim.completion import complete
+
+    tok = SimTokenizer(QWEN)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "return_token_ids": True, "logprobs": True}
+    eos = tok.hf.convert_tokens_to_ids("<|im_end|>")
+    whole = complete(Reply("one two three four five six"), body, ordinal=1, budget=None,
+                     tokenizer=tok)
+    cut = complete(Reply("one two three four five six"), body, ordinal=2, budget=2,
+                   tokenizer=tok)
+    assert whole.ids is not None and whole.ids.response[-1] == eos
+    assert cut.truncated and cut.ids is not None and eos not in cut.ids.response
+    rendered = ChatWire().render(cut, body)
+    assert rendered["choices"][0]["finish_reason"] == "length"
+    assert tok.hf.decode(rendered["choices"][0]["token_ids"]) == cut.text
