@@ -185,12 +185,20 @@ def token_ids_from_bytes(pieces: Sequence[Sequence[int]], tokenizer: Any) -> lis
     one id of ``tokenizer``: a ``tiktoken.Encoding`` (``encode_single_token``), or a
     Hugging Face tokenizer with a byte-level vocabulary (its added tokens by their text).
     The caller checks that the ids decode to the sampled text."""
+    try:
+        raw = [bytes(piece) for piece in pieces]
+    except (TypeError, ValueError):  # not lists of byte values (a malformed record)
+        return None
+    return _ids_of(raw, tokenizer)
+
+
+def _ids_of(pieces: list[bytes], tokenizer: Any) -> list[int] | None:
     encode_single = getattr(tokenizer, "encode_single_token", None)
     out: list[int] = []
     if encode_single is not None:  # tiktoken
         for piece in pieces:
             try:
-                out.append(int(encode_single(bytes(piece))))
+                out.append(int(encode_single(piece)))
             except KeyError:
                 return None
         return out
@@ -198,14 +206,13 @@ def token_ids_from_bytes(pieces: Sequence[Sequence[int]], tokenizer: Any) -> lis
     added = {str(t.content): int(i)
              for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
     for piece in pieces:
-        raw = bytes(piece)
         try:
-            text = raw.decode()
+            text: str | None = piece.decode()
         except UnicodeDecodeError:
             text = None
         found = added.get(text) if text is not None else None
         if found is None:
-            found = vocab.get("".join(_BYTE_CHARS[b] for b in raw))
+            found = vocab.get("".join(_BYTE_CHARS[b] for b in piece))
         if found is None:
             return None
         out.append(found)

@@ -187,6 +187,7 @@ def test_token_ids_from_bytes_with_the_qwen_tokenizer() -> None:
     assert token_ids_from_bytes(pieces, hf) == ids
     assert hf.decode(ids) == SAMPLE + "<|im_end|>"
     assert token_ids_from_bytes([list(b"no such token, surely")], hf) is None
+    assert token_ids_from_bytes([[300]], hf) is None and token_ids_from_bytes([None], hf) is None
 
 
 def _run_without_ids(run: Path, tokenizer: Any) -> None:
