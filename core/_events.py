@@ -100,6 +100,8 @@ class ModelCall:
     messages of the same dialect (a list: the Responses API returns several items).
     ``prompt_token_ids`` / ``response_token_ids`` / ``response_logprobs`` are filled when
     the serving engine reported them (vLLM, SGLang); otherwise the exporter tokenizes.
+    ``response_token_bytes`` are the bytes of each scored token when the server sent
+    logprobs without ids (OpenAI): the exporter maps them to its tokenizer's ids.
     """
 
     episode_id: str
@@ -114,6 +116,7 @@ class ModelCall:
     prompt_token_ids: list[int] | None = None
     response_token_ids: list[int] | None = None
     response_logprobs: list[float] | None = None
+    response_token_bytes: list[list[int]] | None = None
     policy_version: int = 0
     group_id: str | None = None
     timestamp: float = field(default_factory=time.time)
@@ -134,6 +137,9 @@ class SummaryCall:
     summary text it returned; ``block`` the block index for the parallel strategy.
     ``trained`` says whether the summary is written by the policy itself (so its tokens
     are trained, SUPO-style) or by an external summarizer (masked, ReSum-style).
+    ``prompt_token_ids`` / ``response_token_ids`` / ``response_logprobs`` /
+    ``response_token_bytes`` are what the summarizer's server reported of its sampled
+    tokens, as for :class:`ModelCall` (``Summarizer(logprobs=...)`` asks for them).
     """
 
     episode_id: str | None
@@ -148,6 +154,10 @@ class SummaryCall:
     trained: bool = False
     call_id: str = field(default_factory=new_id)
     timestamp: float = field(default_factory=time.time)
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
+    response_logprobs: list[float] | None = None
+    response_token_bytes: list[list[int]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -29,6 +29,13 @@ strategy refits its prompt to a smaller window and tries once more.
 
 Every call — successful or not — is reported through ``agentcompact_log_summary_call``
 with a :class:`~agentcompact._events.SummaryCall` (prompt, output, usage, latency, error).
+
+Recording for RL: a trained summarizer (``trained=True``: the policy writes its own
+summaries) asks for ``logprobs`` by default (``logprobs=`` overrides), and with
+``return_token_ids=True`` for vLLM's ``prompt_token_ids`` / ``token_ids`` (vLLM's
+OpenAI-compatible server; OpenAI's own API rejects the field, so it is off by default).
+What the server reports of its sampled tokens goes into the ``SummaryCall``, and the
+exporter trains the summary's segment on those ids and logprobs as they are.
 Clients are opened per :meth:`Summarizer.session` (one compaction) and closed after it,
 so nothing leaks across event loops or threads.
 """
@@ -46,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._events import SummaryCall
 from .errors import ConfigError, SummarizerError, SummarizerOverflow
+from .trajectory._sampled import SampledTokens, from_chat_chunks, from_chat_completion
 
 if TYPE_CHECKING:
     import pluggy
@@ -79,6 +87,8 @@ class SummaryOutput:
     usage: dict[str, Any] = field(default_factory=dict)
     latency_s: float = 0.0
     finish_reason: str | None = None
+    #: what the server reported of its sampled tokens, when asked (``records_tokens``)
+    sampled: SampledTokens | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,9 @@ class Summarizer:
     :param extra_body: extra JSON fields for every request (e.g. vLLM's ``top_k``).
     :param max_tokens_param: ``"max_tokens"`` (default, widest support) or
         ``"max_completion_tokens"`` (OpenAI reasoning models).
+    :param trained: the summaries are the policy's own samples (trained, SUPO-style).
+    :param logprobs: ask for per-token ``logprobs`` (default: when ``trained``).
+    :param return_token_ids: ask a vLLM server for the prompt and sampled token ids.
     """
 
     def __init__(
@@ -127,6 +140,8 @@ class Summarizer:
         extra_body: dict[str, Any] | None = None,
         max_tokens_param: str = "max_tokens",
         trained: bool = False,
+        logprobs: bool | None = None,
+        return_token_ids: bool = False,
     ) -> None:
         self.base_url = base_url or os.environ.get(ENV_BASE_URL) or ""
         self.model = model or os.environ.get(ENV_MODEL) or ""
@@ -152,6 +167,8 @@ class Summarizer:
         self.extra_body = dict(extra_body or {})
         self.max_tokens_param = max_tokens_param
         self.trained = trained
+        self.logprobs = trained if logprobs is None else bool(logprobs)
+        self.return_token_ids = bool(return_token_ids)
         self._log_lock = threading.Lock()
 
     def __repr__(self) -> str:  # never show the key
@@ -189,9 +206,18 @@ class Summarizer:
         if self.stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
-        if self.extra_body:
-            kwargs["extra_body"] = self.extra_body
+        if self.logprobs:
+            kwargs["logprobs"] = True
+        extra = {**self.extra_body, **({"return_token_ids": True}
+                                       if self.return_token_ids else {})}
+        if extra:
+            kwargs["extra_body"] = extra
         return kwargs
+
+    @property
+    def records_tokens(self) -> bool:
+        """Whether answers are read for their sampled tokens (logprobs or ids asked for)."""
+        return self.logprobs or self.return_token_ids
 
     def backoff(self, attempt: int) -> float:
         return float(min(self.backoff_max_s, self.backoff_s * (2 ** attempt)))
@@ -201,11 +227,12 @@ class Summarizer:
         """Report one call through ``agentcompact_log_summary_call`` (serialized)."""
         if info.pm is None:
             return
+        sampled = output.sampled if output is not None else None
         call = SummaryCall(
             episode_id=info.episode_id, strategy=info.strategy, prompt=prompt,
             output=output.text if output else "", usage=dict(output.usage) if output else {},
             model=self.model, block=info.block, latency_s=latency, error=error,
-            trained=self.trained,
+            trained=self.trained, **(sampled.model_call_fields() if sampled else {}),
         )
         with self._log_lock:
             info.pm.hook.agentcompact_log_summary_call(call=call)
@@ -271,8 +298,8 @@ class SyncSession:
         t0 = time.perf_counter()
         response = self._client.chat.completions.create(**s.request_kwargs(prompt, max_tokens))
         if not s.stream:
-            return _from_completion(response, time.perf_counter() - t0)
-        acc = _StreamAccumulator()
+            return _from_completion(response, time.perf_counter() - t0, s.records_tokens)
+        acc = _StreamAccumulator(s.records_tokens)
         for chunk in response:
             acc.add(chunk)
         return acc.output(time.perf_counter() - t0)
@@ -306,8 +333,8 @@ class AsyncSession:
         response = await self._client.chat.completions.create(
             **s.request_kwargs(prompt, max_tokens))
         if not s.stream:
-            return _from_completion(response, time.perf_counter() - t0)
-        acc = _StreamAccumulator()
+            return _from_completion(response, time.perf_counter() - t0, s.records_tokens)
+        acc = _StreamAccumulator(s.records_tokens)
         async for chunk in response:
             acc.add(chunk)
         return acc.output(time.perf_counter() - t0)
@@ -319,12 +346,15 @@ class _Retryable(SummarizerError):
 
 
 class _StreamAccumulator:
-    def __init__(self) -> None:
+    def __init__(self, records_tokens: bool = False) -> None:
         self.parts: list[str] = []
         self.usage: dict[str, Any] = {}
         self.finish: str | None = None
+        self.chunks: list[dict[str, Any]] | None = [] if records_tokens else None
 
     def add(self, chunk: Any) -> None:
+        if self.chunks is not None:
+            self.chunks.append(_dumped(chunk))
         usage = getattr(chunk, "usage", None)
         if usage is not None:
             self.usage = _usage_dict(usage)
@@ -338,22 +368,33 @@ class _StreamAccumulator:
     def output(self, latency: float) -> SummaryOutput:
         if self.finish is None:
             raise _Retryable("summarizer stream ended without a finish reason (dropped)")
-        return _checked("".join(self.parts), self.usage, latency, self.finish)
+        sampled = from_chat_chunks(self.chunks) if self.chunks is not None else None
+        return _checked("".join(self.parts), self.usage, latency, self.finish, sampled)
 
 
-def _from_completion(response: Any, latency: float) -> SummaryOutput:
+def _dumped(value: Any) -> dict[str, Any]:
+    """An SDK response object as its JSON dict (vLLM's extra fields included)."""
+    dump = getattr(value, "model_dump", None)
+    out = dump() if callable(dump) else value
+    return out if isinstance(out, dict) else {}
+
+
+def _from_completion(response: Any, latency: float, records_tokens: bool = False
+                     ) -> SummaryOutput:
     choices = getattr(response, "choices", None) or []
     if not choices:
         raise SummarizerError("summarizer returned no choices")
     usage = _usage_dict(response.usage) if getattr(response, "usage", None) else {}
-    return _checked(choices[0].message.content or "", usage, latency, choices[0].finish_reason)
+    sampled = from_chat_completion(_dumped(response)) if records_tokens else None
+    return _checked(choices[0].message.content or "", usage, latency, choices[0].finish_reason,
+                    sampled)
 
 
-def _checked(text: str, usage: dict[str, Any], latency: float, finish: str | None
-             ) -> SummaryOutput:
+def _checked(text: str, usage: dict[str, Any], latency: float, finish: str | None,
+             sampled: SampledTokens | None = None) -> SummaryOutput:
     if not text.strip():
         raise SummarizerError(f"summarizer returned an empty summary (finish={finish})")
-    return SummaryOutput(text.strip(), usage, latency, finish)
+    return SummaryOutput(text.strip(), usage, latency, finish, sampled)
 
 
 def _usage_dict(usage: Any) -> dict[str, Any]:

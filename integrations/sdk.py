@@ -36,7 +36,7 @@ import inspect
 import logging
 import operator
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,8 +208,7 @@ class Session:
             response=_json_safe(_unparsed(got.response)), request=_request_fields(kwargs),
             usage=_json_safe(got.usage or {}), model=str(got.model) if got.model else None,
             compacted=bool(result is not None and result.modified), group_id=self.group_id,
-            prompt_token_ids=got.prompt_token_ids, response_token_ids=got.token_ids,
-            response_logprobs=got.logprobs,
+            **got.model_call_fields(),
         )
         log_model_call(call, self.pm)
 
@@ -328,8 +327,9 @@ class _Prepared:
             log.error("agentcompact: recording a %s call failed: %s", self.endpoint.dialect,
                       type(exc).__name__)
 
-    def finish_object(self, response: Any) -> None:
-        """Log a parsed SDK response object."""
+    def finish_object(self, response: Any, sampled: Reassembled | None = None) -> None:
+        """Log a parsed SDK response object; ``sampled``: the sampled-token fields read
+        from the raw chunks of a stream helper (its snapshot keeps only the first chunk's)."""
         if not self.session.record:
             return
         try:
@@ -338,6 +338,10 @@ class _Prepared:
             log.error("agentcompact: reading a %s response failed: %s", self.endpoint.dialect,
                       type(exc).__name__)
             return
+        if sampled is not None:
+            got.prompt_token_ids = sampled.prompt_token_ids
+            got.token_ids, got.logprobs = sampled.token_ids, sampled.logprobs
+            got.token_bytes = sampled.token_bytes
         self.finish(got)
 
 
@@ -421,6 +425,31 @@ def _final_snapshot(stream: Any, dialect: str) -> Any:
     return getattr(state, "_completed_response", None)
 
 
+class _Tap:
+    """A raw SDK stream (sync or async) that also hands each chunk to a reassembler."""
+
+    def __init__(self, raw: Any, collector: Any) -> None:
+        self._raw = raw
+        self._collector = collector
+
+    def _seen(self, item: Any) -> Any:
+        try:
+            self._collector.add(_dump(item))
+        except Exception as exc:  # never raised into the caller's stream
+            log.error("agentcompact: reading a stream chunk failed: %s", type(exc).__name__)
+        return item
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self._seen(item) for item in self._raw)
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        async for item in self._raw:
+            yield self._seen(item)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
 class _LoggedStreamManager:
     """A context manager the SDK returns without a request sent yet: a stream helper's
     (``messages.stream(...)``, ``chat.completions.stream``, ``responses.stream``) or a
@@ -434,6 +463,7 @@ class _LoggedStreamManager:
         self._record = record
         self._manager: Any = None
         self._stream: Any = None
+        self._tap: Any = None
 
     def _done(self) -> None:
         if not self._record:
@@ -444,11 +474,20 @@ class _LoggedStreamManager:
         except (AssertionError, AttributeError, RuntimeError):
             return  # nothing received
         if final is not None:
-            self._prepared.finish_object(final)
+            self._prepared.finish_object(final, self._tap.result() if self._tap else None)
+
+    def _tapped(self, stream: Any) -> Any:
+        """Chat Completions: read every raw chunk the helper reads (its snapshot merges the
+        deltas but drops later chunks' vLLM ``token_ids``), for the sampled-token fields."""
+        raw = getattr(stream, "_raw_stream", None)
+        if self._record and self._prepared.endpoint is _CHAT and raw is not None:
+            self._tap = reassembler(_CHAT.dialect)
+            stream._raw_stream = _Tap(raw, self._tap)
+        return stream
 
     def __enter__(self) -> Any:
         self._manager = self._method(**self._prepared.compact())
-        self._stream = self._manager.__enter__()
+        self._stream = self._tapped(self._manager.__enter__())
         return self._stream
 
     def __exit__(self, *exc: Any) -> Any:
@@ -458,7 +497,7 @@ class _LoggedStreamManager:
 
     async def __aenter__(self) -> Any:
         self._manager = self._method(**await self._prepared.acompact())
-        self._stream = await self._manager.__aenter__()
+        self._stream = self._tapped(await self._manager.__aenter__())
         return self._stream
 
     async def __aexit__(self, *exc: Any) -> Any:

@@ -327,7 +327,7 @@ def digest(*parts: Any) -> str:
 
 _CLIENT_KEYS = ("base_url", "model", "api_key", "timeout", "max_retries", "backoff_s",
                 "backoff_max_s", "stream", "context_window", "temperature", "extra_body",
-                "max_tokens_param", "trained")
+                "max_tokens_param", "trained", "logprobs", "return_token_ids")
 
 
 def make_summarizer(summarizer: Summarizer | None, settings: dict[str, Any]) -> Summarizer:

@@ -11,6 +11,7 @@ from starlette.applications import Starlette
 
 from ._app import FAULT_HEADER, RecordedRequest, UpstreamSim
 from ._clis import CLI_BIN_ENV, CliCommand, ToolLoop, claude_command, codex_command, find_cli
+from ._completion import SimTokenizer, logprob_of
 from ._latency import LatencyModel
 from ._runner import RunningServer, serve
 from ._script import (
@@ -41,6 +42,7 @@ __all__ = [
     "Responder",
     "RunningServer",
     "Script",
+    "SimTokenizer",
     "Step",
     "Thinking",
     "ToolCall",
@@ -55,6 +57,7 @@ __all__ = [
     "filler_text",
     "find_cli",
     "last_user_text",
+    "logprob_of",
     "prompt_text",
     "prompt_tokens",
     "serve",

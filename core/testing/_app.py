@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ._anthropic_wire import AnthropicWire
-from ._completion import Completion, Wire, complete
+from ._completion import Completion, SimTokenizer, Wire, complete
 from ._latency import DecodePacer, LatencyModel, Slots
 from ._openai_wire import ChatWire
 from ._responses_wire import ResponsesWire, compacted
@@ -83,11 +83,18 @@ class UpstreamSim:
         context-length error, as a real model with that window would answer.
     :param max_recorded: keep only this many of the latest requests (``None``: all; a
         benchmark sending megabyte bodies for minutes keeps few).
+    :param tokenizer: a Hugging Face tokenizer (a path, a hub name, a loaded tokenizer or a
+        :class:`SimTokenizer`): Chat Completions then tokenizes with its chat template as
+        vLLM does, counts usage in its tokens, scores ``logprobs`` per real token and
+        answers ``return_token_ids`` with ``prompt_token_ids`` / ``token_ids``.
     """
 
     def __init__(self, script: Script | None = None, *, latency: LatencyModel | None = None,
-                 context_window: int | None = None, max_recorded: int | None = None) -> None:
+                 context_window: int | None = None, max_recorded: int | None = None,
+                 tokenizer: Any = None) -> None:
         self.script = script if script is not None else Script()
+        self.tokenizer = (tokenizer if tokenizer is None or isinstance(tokenizer, SimTokenizer)
+                          else SimTokenizer(tokenizer))
         self.max_recorded = max_recorded
         self.latency = latency if latency is not None else LatencyModel()
         self.context_window = context_window
@@ -184,7 +191,8 @@ class UpstreamSim:
         refusal = await self._refusal(request, wire, fault, prompt_tokens(body), ordinal)
         if refusal is not None:
             return refusal
-        completion = complete(reply, body, ordinal=ordinal, budget=wire.output_budget(body))
+        completion = complete(reply, body, ordinal=ordinal, budget=wire.output_budget(body),
+                              tokenizer=self.tokenizer if wire is CHAT else None)
         if body.get("stream"):
             frames = self._stream(wire, completion, body, fault)
             return StreamingResponse(frames, media_type="text/event-stream",

@@ -1,11 +1,21 @@
-"""OpenAI Chat Completions (``POST /v1/chat/completions``) and OpenAI's error shape."""
+"""OpenAI Chat Completions (``POST /v1/chat/completions``) and OpenAI's error shape.
+
+With a tokenizer (``UpstreamSim(tokenizer=...)``) it also answers as vLLM's
+OpenAI-compatible server does (``vllm/entrypoints/openai/chat_completion``): a request
+with ``return_token_ids: true`` gets the top-level ``prompt_token_ids`` and choice 0's
+``token_ids`` (every sampled token: text, tool-call text, the stop token); in a stream the
+first chunk carries ``prompt_token_ids`` and each later chunk its own ``token_ids``.
+``logprobs`` then score those same tokens, one entry per id, with each token's exact
+``bytes`` (vLLM scores tool-call tokens too; OpenAI's own API does not, nor without ids).
+"""
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator
 from typing import Any
 
-from ._completion import Completion, Frame, token_logprobs
+from ._completion import Completion, Frame, SampledIds, token_logprobs
 from ._script import Fault, split_tokens
 
 __all__ = ["ChatWire", "openai_error"]
@@ -91,27 +101,86 @@ class ChatWire:
                 for i, call in enumerate(completion.tool_calls)
             ]
         top = _top_logprobs(body)
+        ids = completion.ids
         logprobs = None
         if top is not None:
-            content = token_logprobs(split_tokens(completion.text), 0, top)
-            logprobs = {"content": content, "refusal": None}
-        choice = {"index": 0, "message": message, "logprobs": logprobs,
-                  "finish_reason": _finish_reason(completion)}
-        return {**self._envelope(completion, "chat.completion"), "choices": [choice],
-                "usage": _usage(completion)}
+            pieces = ids.pieces if ids else split_tokens(completion.text)
+            logprobs = {"content": token_logprobs(pieces, 0, top), "refusal": None}
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs,
+                                  "finish_reason": _finish_reason(completion)}
+        out = {**self._envelope(completion, "chat.completion"), "choices": [choice],
+               "usage": _usage(completion)}
+        if ids is not None and body.get("return_token_ids"):
+            choice["token_ids"] = list(ids.response)
+            out["prompt_token_ids"] = list(ids.prompt)
+        return out
 
     def frames(self, completion: Completion, body: dict[str, Any]) -> Iterator[Frame]:
         with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         extra = {"usage": None} if with_usage else {}
+        if completion.ids is not None:
+            yield from self._id_frames(completion, completion.ids, body, extra)
+            return
         for delta, logprobs, tokens in self._deltas(completion, body):
             yield Frame({**self._chunk(completion, delta, logprobs), **extra}, tokens=tokens)
         final = self._chunk(completion, {}, None)
         final["choices"][0]["finish_reason"] = _finish_reason(completion)
         yield Frame({**final, **extra})
+        yield from self._closing(completion, with_usage)
+
+    def _closing(self, completion: Completion, with_usage: bool) -> Iterator[Frame]:
         if with_usage:
             yield Frame({**self._envelope(completion, "chat.completion.chunk"), "choices": [],
                          "usage": _usage(completion)})
         yield Frame("[DONE]")
+
+    def _id_frames(self, completion: Completion, ids: SampledIds, body: dict[str, Any],
+                   extra: dict[str, Any]) -> Iterator[Frame]:
+        """A stream as vLLM sends it: one chunk per sampled token of the text (its
+        ``token_ids`` and ``logprobs``), the tool-call tokens with the first call's opening
+        delta, the stop token with the finishing chunk."""
+        top = _top_logprobs(body)
+        with_ids = bool(body.get("return_token_ids"))
+
+        def chunk(delta: dict[str, Any], start: int, end: int,
+                  finish: str | None = None) -> dict[str, Any]:
+            logprobs = None
+            if top is not None and end > start:
+                logprobs = {"content": token_logprobs(ids.pieces[start:end], start, top),
+                            "refusal": None}
+            out = self._chunk(completion, delta, logprobs)
+            if with_ids:
+                out["choices"][0]["token_ids"] = list(ids.response[start:end])
+            out["choices"][0]["finish_reason"] = finish
+            return {**out, **extra}
+
+        has_text = bool(completion.text) or not completion.tool_calls
+        first = self._chunk(completion, {"role": "assistant", "content": "" if has_text
+                                         else None, "refusal": None}, None)
+        if with_ids:
+            first["prompt_token_ids"] = list(ids.prompt)
+        yield Frame({**first, **extra})
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        last = len(ids.response) - 1 if ids.response else 0
+        shown = position = 0
+        while position < last and shown < ids.text_chars:
+            text = decoder.decode(ids.pieces[position])[: ids.text_chars - shown]
+            shown += len(text)
+            yield Frame(chunk({"content": text}, position, position + 1), tokens=1)
+            position += 1
+        if shown < len(completion.text):  # held back by the decoder, or not aligned
+            yield Frame(chunk({"content": completion.text[shown:]}, position, position))
+        for index, call in enumerate(completion.tool_calls):
+            opening = {"index": index, "id": completion.call_id("call_", index),
+                       "type": "function", "function": {"name": call.name, "arguments": ""}}
+            end = last if index == 0 else position
+            yield Frame(chunk({"tool_calls": [opening]}, position, end), tokens=end - position)
+            position = end
+            arguments = {"index": index, "function": {"arguments": call.arguments_json}}
+            yield Frame(chunk({"tool_calls": [arguments]}, position, position))
+        yield Frame(chunk({}, position, len(ids.response), _finish_reason(completion)),
+                    tokens=len(ids.response) - position)
+        yield from self._closing(completion, bool(extra))
 
     def error(self, fault: Fault, input_tokens: int) -> tuple[int, dict[str, Any]]:
         return openai_error(fault, input_tokens, param="messages")

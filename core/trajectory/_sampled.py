@@ -18,15 +18,21 @@ Read here, for choice 0:
   ``response_token_ids`` (the name some patched servers use) is read as ``token_ids``.
 
 Streams are read with :func:`from_chat_chunks` (the parsed ``data:`` objects in order).
+
+OpenAI reports no token ids, only each token's ``token`` and ``bytes``: those bytes are kept
+(``response_token_bytes``) so the exporter can map them to its tokenizer's ids
+(:func:`token_ids_from_bytes`) and keep the logprobs when every token maps and the ids
+decode back to the sampled text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SampledTokens", "from_chat_chunks", "from_chat_completion", "from_responses"]
+__all__ = ["SampledTokens", "from_chat_chunks", "from_chat_completion", "from_responses",
+           "token_ids_from_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +44,17 @@ class SampledTokens:
     response_logprobs: list[float] | None = None
     #: the token strings the logprobs belong to (OpenAI ``token``), for alignment checks
     logprob_tokens: list[str] | None = field(default=None)
+    #: each scored token's bytes (OpenAI ``bytes``; the UTF-8 of ``token`` when absent)
+    token_bytes: list[list[int]] | None = field(default=None)
 
     def model_call_fields(self) -> dict[str, Any]:
-        """The ``ModelCall`` keyword arguments: ``ModelCall(..., **tokens.model_call_fields())``."""
+        """The ``ModelCall`` keyword arguments: ``ModelCall(..., **tokens.model_call_fields())``
+        (also those of a ``SummaryCall``). Token bytes are kept only without ids."""
         return {"prompt_token_ids": self.prompt_token_ids,
                 "response_token_ids": self.response_token_ids,
-                "response_logprobs": self.response_logprobs}
+                "response_logprobs": self.response_logprobs,
+                "response_token_bytes": self.token_bytes
+                if self.response_token_ids is None else None}
 
 
 def _ints(value: Any) -> list[int] | None:
@@ -53,16 +64,22 @@ def _ints(value: Any) -> list[int] | None:
     return None
 
 
-def _scored(entries: Any) -> tuple[list[float], list[str]] | None:
+_Scored = tuple[list[float], list[str], list[list[int]]]
+
+
+def _scored(entries: Any) -> _Scored | None:
     if not isinstance(entries, list):
         return None
-    logprobs, tokens = [], []
+    logprobs, tokens, raw = [], [], []
     for e in entries:
         if not isinstance(e, Mapping) or not isinstance(e.get("logprob"), (int, float)):
             return None
         logprobs.append(float(e["logprob"]))
         tokens.append(str(e.get("token", "")))
-    return logprobs, tokens
+        given = _ints(e.get("bytes"))
+        raw.append(given if given is not None and all(0 <= b < 256 for b in given)
+                   else list(tokens[-1].encode()))
+    return logprobs, tokens, raw
 
 
 def _choice(body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -95,6 +112,7 @@ def from_chat_completion(body: Mapping[str, Any]) -> SampledTokens:
         response_token_ids=_response_ids(choice),
         response_logprobs=scored[0] if scored else None,
         logprob_tokens=scored[1] if scored else None,
+        token_bytes=scored[2] if scored else None,
     )
 
 
@@ -104,6 +122,7 @@ def from_chat_chunks(chunks: Iterable[Mapping[str, Any]]) -> SampledTokens:
     ids: list[int] = []
     logprobs: list[float] = []
     tokens: list[str] = []
+    raw: list[list[int]] = []
     saw_ids = saw_logprobs = False
     for chunk in chunks:
         part = from_chat_completion(chunk)
@@ -114,15 +133,18 @@ def from_chat_chunks(chunks: Iterable[Mapping[str, Any]]) -> SampledTokens:
         if part.response_logprobs is not None:
             logprobs += part.response_logprobs
             tokens += part.logprob_tokens or []
+            raw += part.token_bytes or []
             saw_logprobs = True
     return SampledTokens(prompt, ids if saw_ids else None,
-                         logprobs if saw_logprobs else None, tokens if saw_logprobs else None)
+                         logprobs if saw_logprobs else None, tokens if saw_logprobs else None,
+                         raw if saw_logprobs else None)
 
 
 def from_responses(body: Mapping[str, Any]) -> SampledTokens:
     """From a Responses API ``response`` object (``output_text`` parts' ``logprobs``)."""
     logprobs: list[float] = []
     tokens: list[str] = []
+    raw: list[list[int]] = []
     seen = False
     for item in body.get("output") or []:
         if not isinstance(item, Mapping) or item.get("type") != "message":
@@ -133,6 +155,79 @@ def from_responses(body: Mapping[str, Any]) -> SampledTokens:
                 if scored and scored[0]:
                     logprobs += scored[0]
                     tokens += scored[1]
+                    raw += scored[2]
                     seen = True
     return SampledTokens(response_logprobs=logprobs if seen else None,
-                         logprob_tokens=tokens if seen else None)
+                         logprob_tokens=tokens if seen else None,
+                         token_bytes=raw if seen else None)
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: the printable character standing for each byte in a
+    byte-level BPE vocabulary (Qwen, Llama 3, GPT-2, ...)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in kept:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+_BYTE_CHARS = _byte_chars()
+
+
+def token_ids_from_bytes(pieces: Sequence[Sequence[int]], tokenizer: Any) -> list[int] | None:
+    """The id of each token given by its bytes, or ``None`` unless every one maps to exactly
+    one id of ``tokenizer``: a ``tiktoken.Encoding`` (``encode_single_token``), or a
+    Hugging Face tokenizer with a byte-level vocabulary (its added tokens by their text).
+    The caller checks that the ids decode to the sampled text."""
+    try:
+        raw = [bytes(piece) for piece in pieces]
+    except (TypeError, ValueError):  # not lists of byte values (a malformed record)
+        return None
+    return _ids_of(raw, tokenizer)
+
+
+def _ids_of(pieces: list[bytes], tokenizer: Any) -> list[int] | None:
+    encode_single = getattr(tokenizer, "encode_single_token", None)
+    out: list[int] = []
+    if encode_single is not None:  # tiktoken
+        for piece in pieces:
+            try:
+                out.append(int(encode_single(piece)))
+            except KeyError:
+                return None
+        return out
+    vocab = _vocab(tokenizer)
+    added = {str(t.content): int(i)
+             for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()}
+    for piece in pieces:
+        try:
+            text: str | None = piece.decode()
+        except UnicodeDecodeError:
+            text = None
+        found = added.get(text) if text is not None else None
+        if found is None:
+            found = vocab.get("".join(_BYTE_CHARS[b] for b in piece))
+        if found is None:
+            return None
+        out.append(found)
+    return out
+
+
+_VOCABS: dict[int, tuple[Any, dict[str, int]]] = {}
+
+
+def _vocab(tokenizer: Any) -> dict[str, int]:
+    """``tokenizer.get_vocab()`` (cached per tokenizer object: it is built anew per call)."""
+    held = _VOCABS.get(id(tokenizer))
+    if held is None or held[0] is not tokenizer:
+        if len(_VOCABS) >= 4:
+            _VOCABS.clear()
+        held = (tokenizer, dict(tokenizer.get_vocab()))
+        _VOCABS[id(tokenizer)] = held
+    return held[1]

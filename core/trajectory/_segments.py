@@ -30,6 +30,7 @@ import orjson
 from .._events import CompactionEvent, ModelCall, SummaryCall
 from ..dialects._base import Dialect, digest_of
 from ..errors import TokenizerError, TrajectoryError
+from ._sampled import token_ids_from_bytes
 from ._tokenize import (
     ChatTokenizer,
     PrefixBreak,
@@ -248,6 +249,7 @@ class _Builder:
         self.tools = to_chat_tools(call.request.get("tools"))
         self.recorded = _recorded(call)
         self.logprobs_known = True
+        self.unmapped: list[str] = []  # why a call's logprobs could not be given ids
         self.num_calls = 0
         self.window = None if exact or self.recorded else _Window(tok, self.tools)
         self.unverified = False  # some text came from the window
@@ -310,12 +312,27 @@ class _Builder:
                 pending = _Pending(0, None, "", None, None, ())
             pending.sampled = sampled
             pending.engine_ids, pending.logprobs = call.response_token_ids, call.response_logprobs
+            if pending.engine_ids is None and pending.logprobs is not None:
+                pending.engine_ids = self._mapped(call)
             self.queue.append(pending)
             self.queued += len(sampled) + len(pending.glue or "")
             self.after = self.gen + sampled
             self.full = full
         self.chat = chat
         self.ext = [*call.messages, *call.response]
+
+    def _mapped(self, call: ModelCall) -> list[int] | None:
+        """Ids for logprobs a server sent without them (OpenAI): each scored token's bytes
+        mapped to exactly one id of the export's tokenizer (``TokenStream.sample`` keeps the
+        logprobs only when these ids are the sampled turn's ids), else ``None``."""
+        pieces = call.response_token_bytes
+        ids = token_ids_from_bytes(pieces, self.tok.hf) if pieces else None
+        if ids is None or len(ids) != len(call.response_logprobs or ()):
+            self.unmapped.append(f"call {call.call_id}: " + (
+                "the server sent logprobs without token ids or bytes" if not pieces else
+                f"not every scored token's bytes is one token of {self.tok.name}"))
+            return None
+        return ids
 
     def _continues(self, call: ModelCall) -> bool:
         """Message level: the context starts with the previous context + response (equal
@@ -386,7 +403,13 @@ class _Builder:
                     assert p.context is not None
                     self._confirm(p.context, True, p.gen)
                     return p.index, exc.reason
-            self.logprobs_known &= self.stream.sample(p.sampled, p.engine_ids, p.logprobs)
+            kept = self.stream.sample(p.sampled, p.engine_ids, p.logprobs)
+            if not kept and p.logprobs is not None and p.engine_ids is not None:
+                self.unmapped.append(
+                    f"call {p.index} of the segment: {len(p.engine_ids)} scored tokens are "
+                    f"not the sampled turn's tokens under {self.tok.name} (OpenAI scores "
+                    "neither the stop token nor tool-call arguments)")
+            self.logprobs_known &= kept
         return None
 
     def check(self) -> None:
@@ -401,6 +424,11 @@ class _Builder:
         assert s is not None, "flush() the builder before closing it"
         s.verify()
         known = self.logprobs_known
+        if self.unmapped and not known:
+            logger.warning("episode %s: the server's logprobs are not kept (%d calls; first: "
+                           "%s); the rows get logprobs_mode none: export with "
+                           "--recompute-logprobs MODEL", self.first.episode_id,
+                           len(self.unmapped), self.unmapped[0])
         return Segment(
             prompt_ids=s.prompt_ids,
             response_ids=s.response_ids,
@@ -436,13 +464,27 @@ def _summary_segment(summary: SummaryCall, tok: ChatTokenizer, first: ModelCall,
         return None
     if not full.startswith(ask):
         return None
-    stream = TokenStream(tok, ask)
-    stream.sample(tok.split_at_eos(full[len(ask):])[0])
+    logprobs = summary.response_logprobs
+    if summary.prompt_token_ids is not None and summary.response_token_ids is not None:
+        # the summarizer's server reported its ids: train on them as they are
+        stream = TokenStream.from_ids(tok, summary.prompt_token_ids)
+        known = logprobs is not None and len(logprobs) == len(summary.response_token_ids)
+        stream.push_ids(summary.response_token_ids, 1, logprobs if known else None)
+    else:
+        stream = TokenStream(tok, ask)
+        mapped = (token_ids_from_bytes(summary.response_token_bytes, tok.hf)
+                  if summary.response_token_bytes and logprobs is not None else None)
+        known = stream.sample(tok.split_at_eos(full[len(ask):])[0], mapped, logprobs)
+    if logprobs is not None and not known:
+        logger.warning("summary %s: the summarizer's logprobs are not its sampled tokens "
+                       "under %s; the row gets logprobs_mode none (--recompute-logprobs)",
+                       summary.call_id, tok.name)
     n = len(stream.response_ids)
     return Segment(
         prompt_ids=stream.prompt_ids, response_ids=stream.response_ids,
-        response_mask=stream.mask, rollout_logprobs=[0.0] * n, logprobs_known=False,
-        sampling=_sampling(first, False), policy_version=int(first.policy_version),
+        response_mask=stream.mask, rollout_logprobs=stream.logprobs if known else [0.0] * n,
+        logprobs_known=known,
+        sampling=_sampling(first, known), policy_version=int(first.policy_version),
         model=summary.model or first.model, num_calls=0, summary_span=[0, n],
         summary_trained=True, compaction_trigger=trigger, break_reason="summary",
         messages_json=orjson.dumps([*chat, answer]).decode() if keep_messages else None,

@@ -282,7 +282,8 @@ def _check_call(call: ModelCall, path: Path, line: int) -> None:
                                   "not a list")
     if not isinstance(call.request, dict) or not isinstance(call.dialect, str):
         raise TrajectoryError(f"{where}: request must be an object and dialect a string")
-    for name in ("prompt_token_ids", "response_token_ids", "response_logprobs"):
+    for name in ("prompt_token_ids", "response_token_ids", "response_logprobs",
+                 "response_token_bytes"):
         value = getattr(call, name)
         if value is not None and not isinstance(value, list):
             raise TrajectoryError(f"{where}: {name} is {type(value).__name__}, not a list")

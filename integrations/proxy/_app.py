@@ -585,7 +585,7 @@ class CompactionProxy:
             episode_id=plan.ex.session or "unknown", dialect=plan.dialect,
             messages=list(plan.sent_messages or []), response=got.response, request=request,
             usage=got.usage, model=model if isinstance(model, str) else None,
-            compacted=plan.ex.modified and not self.config.shadow,
+            compacted=plan.ex.modified and not self.config.shadow, **got.model_call_fields(),
         ), self.pm)
 
 

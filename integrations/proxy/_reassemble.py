@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from ...trajectory._sampled import SampledTokens, from_chat_completion
+from ...trajectory._sampled import SampledTokens, from_chat_completion, from_responses
 from ._wire import ANTHROPIC, CHAT
 
 __all__ = [
@@ -54,6 +54,16 @@ class Reassembled:
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    #: each scored token's bytes (OpenAI ``logprobs.content[*].bytes``), for a server that
+    #: sends no ids: the exporter maps them to its tokenizer's ids
+    token_bytes: list[list[int]] | None = None
+
+    def model_call_fields(self) -> dict[str, Any]:
+        """The sampled-token keyword arguments of a ``ModelCall`` (``ModelCall(...,
+        **got.model_call_fields())``); token bytes only when there are no ids."""
+        return {"prompt_token_ids": self.prompt_token_ids, "response_token_ids": self.token_ids,
+                "response_logprobs": self.logprobs,
+                "response_token_bytes": self.token_bytes if self.token_ids is None else None}
 
 
 def iter_sse(data: bytes) -> Iterator[tuple[str | None, str]]:
@@ -112,7 +122,9 @@ def from_body(dialect: str, body: Any) -> Reassembled:
         out = Reassembled([message], usage, model, True)
         _add_sampled(out, from_chat_completion(body))
         return out
-    return Reassembled(list(body.get("output") or []), usage, model, True)
+    out = Reassembled(list(body.get("output") or []), usage, model, True)
+    _add_sampled(out, from_responses(body))
+    return out
 
 
 def _add_sampled(out: Reassembled, sampled: SampledTokens) -> None:
@@ -124,6 +136,7 @@ def _add_sampled(out: Reassembled, sampled: SampledTokens) -> None:
         out.token_ids = [*(out.token_ids or []), *sampled.response_token_ids]
     if sampled.response_logprobs is not None:
         out.logprobs = [*(out.logprobs or []), *sampled.response_logprobs]
+        out.token_bytes = [*(out.token_bytes or []), *(sampled.token_bytes or [])]
 
 
 class Reassembler:
@@ -267,6 +280,7 @@ class _ResponsesStream(Reassembler):
                 out.usage = dict(response.get("usage") or {})
                 out.response = list(response.get("output") or [])
                 out.complete = True
+                _add_sampled(out, from_responses(response))
 
     def result(self) -> Reassembled:
         if not self.out.complete:

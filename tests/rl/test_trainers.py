@@ -106,11 +106,11 @@ def test_verl_refuses_rows_without_logprobs_unless_asked_to_recompute() -> None:
 # --------------------------------------------------------------------------- TRL
 
 
-@pytest.mark.skipif(not QWEN_TOKENIZER.exists(), reason=f"tokenizer absent: {QWEN_TOKENIZER}")
-# TRL 1.16's own GRPOConfig defaults trip transformers 5's deprecation of gradient_checkpointing
-@pytest.mark.filterwarnings("ignore::FutureWarning")
-def test_trl_grpo_trainer_trains_compacted_episodes_as_group_members(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def trl_two_steps(rows: list[dict[str, Any]], model: Any, tok: Any, tmp_path: Any,
+                  monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Two optimizer steps of ``SegmentGRPOTrainer`` (TRL's GRPOTrainer, ``rollout_func``)
+    on ``rows``, each group's episodes handed out as its members; the (group, segments) of
+    every member handed out."""
     pytest.importorskip("trl")
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental"
     datasets = pytest.importorskip("datasets")
@@ -118,13 +118,14 @@ def test_trl_grpo_trainer_trains_compacted_episodes_as_group_members(
 
     from agentcompact.rl.trl import SegmentGRPOTrainer, to_trl_episodes
 
-    rows = group_rows()
     by_group: dict[str, list[list[dict[str, Any]]]] = {}
     for r in rows:
         eps = by_group.setdefault(r["group_id"], [])
         if r["segment_index"] == 0:
             eps.append([])
         eps[-1].append(r)
+    members = {len(eps) for eps in by_group.values()}
+    assert len(members) == 1, "every group needs as many episodes (num_generations)"
     seen: list[tuple[str, int]] = []
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
@@ -137,22 +138,32 @@ def test_trl_grpo_trainer_trains_compacted_episodes_as_group_members(
             index += [i] * len(episode)
         return to_trl_episodes(out_rows, index)
 
-    tok = transformers.AutoTokenizer.from_pretrained(str(QWEN_TOKENIZER))
-    tok.pad_token = tok.convert_ids_to_tokens(PAD)  # inside the tiny model's 64-token vocabulary
-    model = tiny_model(1)
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2,
-                      num_generations=2, steps_per_generation=1, max_steps=2,
+    n = members.pop()
+    longest = max(len(r["response_ids"]) for r in rows)
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=n,
+                      num_generations=n, steps_per_generation=1, max_steps=2,
                       learning_rate=1e-3, loss_type="dapo", beta=0.0, logging_steps=1,
                       report_to=[], use_cpu=True, bf16=False, save_strategy="no",
-                      max_completion_length=8, seed=0, dataloader_num_workers=0)
-    train = datasets.Dataset.from_dict({"prompt": ["g0", "g1"] * 4})
-    trainer = SegmentGRPOTrainer(model=model, reward_funcs=lambda **kw: [0.0] * 2, args=args,
+                      max_completion_length=longest, seed=0, dataloader_num_workers=0)
+    train = datasets.Dataset.from_dict({"prompt": sorted(by_group) * 4})
+    trainer = SegmentGRPOTrainer(model=model, reward_funcs=lambda **kw: [0.0] * n, args=args,
                                  train_dataset=train, processing_class=tok,
                                  rollout_func=rollout_func)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), losses
     assert trainer.state.global_step == 2
+    return seen
+
+
+@pytest.mark.skipif(not QWEN_TOKENIZER.exists(), reason=f"tokenizer absent: {QWEN_TOKENIZER}")
+# TRL 1.16's own GRPOConfig defaults trip transformers 5's deprecation of gradient_checkpointing
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_trl_grpo_trainer_trains_compacted_episodes_as_group_members(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(str(QWEN_TOKENIZER))
+    tok.pad_token = tok.convert_ids_to_tokens(PAD)  # inside the tiny model's 64-token vocabulary
+    seen = trl_two_steps(group_rows(), tiny_model(1), tok, tmp_path, monkeypatch)
     # each group member was one whole episode: E1's three segments came together
     assert ("g0", 3) in seen and all(g in ("g0", "g1") for g, _ in seen)
 
@@ -179,9 +190,9 @@ def _skyrl() -> Any:
     return TrajectoryID, validate_generator_output
 
 
-def test_skyrl_validator_passes_on_our_step_wise_rows() -> None:
+def skyrl_validates(rows: list[dict[str, Any]]) -> None:
+    """SkyRL's own ``validate_generator_output`` (step-wise) passes on ``to_skyrl(rows)``."""
     trajectory_id, validate = _skyrl()
-    rows = group_rows()
     out = to_skyrl(rows)
     out["trajectory_ids"] = [trajectory_id(**t) for t in out["trajectory_ids"]]
     episodes = len({r["episode_id"] for r in rows})
@@ -189,30 +200,53 @@ def test_skyrl_validator_passes_on_our_step_wise_rows() -> None:
     assert sum(out["is_last_step"]) == episodes
 
 
-def test_two_optimizer_steps_with_verls_loss_on_the_dataproto() -> None:
+def test_skyrl_validator_passes_on_our_step_wise_rows() -> None:
+    skyrl_validates(group_rows())
+
+
+def verl_log_prob(model: Any, b: Any) -> Any:
+    """``log π(responses)`` ``[B, R]`` on a verl batch (prompts left-padded, responses
+    right-padded) where ``response_mask`` is 1 (0 elsewhere: verl's loss masks those),
+    gathered in chunks over the vocabulary (a 152k vocabulary never builds ``B × R × V``
+    logits)."""
+    from agentcompact.rl.logprobs import chosen_logprobs
+
+    hidden = model.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                         position_ids=b["position_ids"]).last_hidden_state
+    r_len, width = b["responses"].shape[1], b["input_ids"].shape[1]
+    where = torch.zeros_like(b["input_ids"])
+    where[:, width - r_len:] = b["response_mask"]
+    logp, rows, positions = chosen_logprobs(hidden, model.lm_head.weight,
+                                            {"input_ids": b["input_ids"], "loss_mask": where})
+    out = torch.zeros(b["responses"].shape, dtype=logp.dtype)
+    return out.index_put((rows, positions - (width - r_len)), logp)
+
+
+def verl_two_steps(rows: list[dict[str, Any]], model: Any, pad_token_id: int) -> list[float]:
+    """Two Adam steps with verl's own ``compute_policy_loss_vanilla`` on the ``DataProto``
+    of ``rows`` (its ``old_log_probs``, ``advantages`` and ``response_mask``)."""
     protocol = pytest.importorskip("verl.protocol")
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
     from verl.workers.config import ActorConfig
 
-    rows = group_rows()
-    data = protocol.DataProto.from_single_dict(to_verl(rows, pad_token_id=PAD))
+    data = protocol.DataProto.from_single_dict(to_verl(rows, pad_token_id=pad_token_id))
     b = data.batch
-    model = tiny_model(2)
     config = ActorConfig(strategy="fsdp", rollout_n=2, ppo_micro_batch_size_per_gpu=1,
                          ppo_mini_batch_size=1)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    r_len = b["responses"].shape[1]
     losses = []
     for _ in range(2):
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                       position_ids=b["position_ids"]).logits
-        log_prob = torch.log_softmax(logits[:, -r_len - 1:-1].float(), -1).gather(
-            -1, b["responses"][..., None]).squeeze(-1)
         loss, _ = core_algos.compute_policy_loss_vanilla(
-            old_log_prob=b["old_log_probs"], log_prob=log_prob, advantages=b["advantages"],
-            response_mask=b["response_mask"], loss_agg_mode="token-mean", config=config)
+            old_log_prob=b["old_log_probs"], log_prob=verl_log_prob(model, b),
+            advantages=b["advantages"], response_mask=b["response_mask"],
+            loss_agg_mode="token-mean", config=config)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    assert all(math.isfinite(x) for x in losses) and losses[1] != losses[0]
+    assert all(math.isfinite(x) for x in losses) and losses[1] != losses[0], losses
+    return losses
+
+
+def test_two_optimizer_steps_with_verls_loss_on_the_dataproto() -> None:
+    verl_two_steps(group_rows(), tiny_model(2), PAD)

@@ -135,3 +135,48 @@ def test_status_and_request_log(start_proxy: ProxyFactory, upstream: Upstream,
     assert lines[0]["compacted"] and lines[0]["tokens_out"] < lines[0]["tokens_in"]
     assert lines[0]["session"] == lines[1]["session"] != lines[2]["session"]
     assert "sk-ant-never-logged" not in caplog.text and "acct-secret" not in caplog.text
+
+
+_QWEN = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tokenizers" / (
+    "qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.mark.skipif(not _QWEN.exists(), reason="the shared Qwen tokenizer is absent")
+@pytest.mark.parametrize("stream", [False, True])
+def test_record_keeps_the_servers_token_ids_and_logprobs(tmp_path: Path, stream: bool) -> None:
+    """--record keeps what a vLLM-style server reports of its sampled tokens (prompt ids,
+    response ids, logprobs), plain and streamed — the rows RL export trains on."""
+    transformers = pytest.importorskip("transformers")
+    from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
+    from agentcompact.testing import Script, UpstreamSim, serve
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(_QWEN))
+    sim = UpstreamSim(Script(Reply("Done: the tests pass.")), tokenizer=hf)
+    with serve(sim) as upstream:
+        config = ProxyConfig(openai_upstream=upstream.base_url,
+                             anthropic_upstream=upstream.base_url, log_requests=False,
+                             record=str(tmp_path / "run"), store="memory")
+        server = ThreadedServer(create_app(config)).start()
+        try:
+            with openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="k",
+                               max_retries=0) as client:
+                kw: dict[str, Any] = {"model": MODEL, "logprobs": True,
+                                      "messages": [{"role": "user", "content": "run the tests"}],
+                                      "extra_body": {"return_token_ids": True}}
+                if stream:
+                    chunks = [c.model_dump() for c in client.chat.completions.create(
+                        stream=True, **kw)]
+                    ids = [i for c in chunks if c["choices"]
+                           for i in c["choices"][0].get("token_ids") or []]
+                    prompt_ids = chunks[0]["prompt_token_ids"]
+                else:
+                    plain = client.chat.completions.create(**kw).model_dump()
+                    ids, prompt_ids = plain["choices"][0]["token_ids"], plain["prompt_token_ids"]
+        finally:
+            server.stop()
+    (call,) = (e["data"] for e in read_events(tmp_path / "run") if e["kind"] == "model_call")
+    assert ids and call["response_token_ids"] == ids
+    assert prompt_ids and call["prompt_token_ids"] == prompt_ids
+    assert len(call["response_logprobs"]) == len(ids)
+    assert all(lp < 0 for lp in call["response_logprobs"])
+    assert hf.decode(ids).startswith("Done: the tests pass.")
