@@ -67,6 +67,7 @@ from .._hookspecs import hookimpl
 from .._logging_hooks import log_model_call
 from ..dialects._base import Dialect, Part, head_tail
 from ..errors import ConfigError, DialectError, ValidationError
+from ..trajectory._sampled import from_chat_completion
 from ._options import check_engine, engine_from_options
 
 __all__ = [
@@ -371,7 +372,22 @@ def model_call_from_langchain(
         response=[_json_safe(reply)], request=_json_safe(dict(request or {})),
         usage=dict(usage) if usage is not None else _usage_of(response), model=model,
         compacted=any(_DIALECT.is_synthetic(m) for m in sent), group_id=group_id,
+        **_sampled_fields(response),
     )
+
+
+def _sampled_fields(response: BaseMessage) -> dict[str, Any]:
+    """What the server reported of its sampled tokens, as ``ChatOpenAI`` keeps it: the
+    choice's ``logprobs`` (``logprobs=True``; each token's text, logprob and bytes) in
+    ``response_metadata``; vLLM's ``token_ids`` / ``prompt_token_ids`` where a chat model
+    passes them on there (``ChatOpenAI`` drops them: the exporter then maps the tokens'
+    bytes to its tokenizer's ids)."""
+    meta = getattr(response, "response_metadata", None)
+    if not isinstance(meta, Mapping) or not meta.get("logprobs") and not meta.get("token_ids"):
+        return {}
+    body = {"prompt_token_ids": meta.get("prompt_token_ids"),
+            "choices": [{"logprobs": meta.get("logprobs"), "token_ids": meta.get("token_ids")}]}
+    return from_chat_completion(body).model_call_fields()
 
 
 # ---------------------------------------------------------------------- node and hook

@@ -58,6 +58,7 @@ from .._hookspecs import hookimpl
 from .._logging_hooks import log_model_call
 from ..dialects._base import Dialect, Part, head_tail
 from ..errors import ConfigError, DialectError, ValidationError
+from ..trajectory._sampled import from_chat_completion
 from ._options import check_engine, engine_from_options
 
 __all__ = [
@@ -535,6 +536,7 @@ class ModelCallLogger(BaseEventHandler):
             response=[to_openai_chat(response.message)], usage=_usage(response),
             model=str(model) if model else None, group_id=self.group_id,
             compacted=any(_DIALECT.is_synthetic(m) for m in event.messages),
+            **_sampled_fields(response.raw),
         )
         log_model_call(call, self._pm)
 
@@ -556,3 +558,16 @@ class ModelCallLogger(BaseEventHandler):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.detach()
+
+
+def _sampled_fields(raw: Any) -> dict[str, Any]:
+    """What the server reported of its sampled tokens, from the OpenAI-compatible
+    ``chat.completion`` a LlamaIndex OpenAI LLM keeps as ``response.raw``: ``logprobs``
+    (``logprobs=True``) and vLLM's ``prompt_token_ids`` / ``token_ids``
+    (``additional_kwargs={"extra_body": {"return_token_ids": True}}``; the SDK keeps
+    fields it does not model). A streamed call's ``raw`` is its last chunk only, so
+    streamed calls are recorded without them."""
+    body = raw.model_dump() if hasattr(raw, "model_dump") else raw
+    if not isinstance(body, dict) or body.get("object") != "chat.completion":
+        return {}
+    return from_chat_completion(body).model_call_fields()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -497,3 +498,37 @@ def test_engine_names_a_non_message_in_a_langchain_history(bad: Any) -> None:
                        ) as info:
         Engine(dialect=LangChainDialect(), budget=Budget(trigger_tokens=300)).compact(msgs)
     assert "secret" not in str(info.value)
+
+
+# ------------------------------------------------------------- sampled tokens recorded
+
+_QWEN = (Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tokenizers"
+         / "qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.mark.skipif(not _QWEN.exists(), reason="the shared Qwen tokenizer is absent")
+@pytest.mark.parametrize("streaming", [False, True])
+def test_logger_records_the_servers_logprobs(pm: Any, collector: Collector,
+                                            streaming: bool) -> None:
+    """ChatOpenAI(logprobs=True) keeps each sampled token's logprob and bytes in
+    response_metadata; the logger records them, and the bytes map back to the server's
+    token ids (what the exporter does when a chat model drops vLLM's ids)."""
+    transformers = pytest.importorskip("transformers")
+    from agentcompact.testing import SimTokenizer, logprob_of
+    from agentcompact.trajectory._sampled import token_ids_from_bytes
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(_QWEN))
+    sim = UpstreamSim(Script(Reply("Done: naïve fix ✓ applied.")), tokenizer=hf)
+    with serve(sim) as server:
+        model = ChatOpenAI(model="gpt-sim", base_url=server.base_url + "/v1", api_key="x",
+                           max_retries=0, logprobs=True, streaming=streaming,
+                           extra_body={"return_token_ids": True})
+        model.invoke([HumanMessage("Fix it.")],
+                     {"callbacks": [ModelCallLogger(plugins=pm, episode_id="lp")]})
+    (call,) = collector.calls
+    served = SimTokenizer(hf)
+    ids = token_ids_from_bytes(call.response_token_bytes, hf)
+    assert ids is not None and hf.decode(ids).startswith("Done: naïve fix ✓ applied.")
+    assert [bytes(b) for b in call.response_token_bytes] == [served.token_bytes(i) for i in ids]
+    assert call.response_logprobs == pytest.approx(
+        [logprob_of(k) for k in range(len(ids))], abs=1e-6)

@@ -4,6 +4,7 @@ OpenAILike to the upstream simulator, remembering through CompactingMemory."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -284,3 +285,34 @@ def test_messages_and_options_are_checked() -> None:
         CompactingMemory(trigger_tokens=100, strategy="nope")
     with pytest.raises(ConfigError, match="CompactingLLM: llm must be a LlamaIndex LLM"):
         CompactingLLM("gpt-4", trigger_tokens=100)
+
+
+# ------------------------------------------------------------- sampled tokens recorded
+
+_QWEN = (Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tokenizers"
+         / "qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.mark.skipif(not _QWEN.exists(), reason="the shared Qwen tokenizer is absent")
+def test_logger_records_the_servers_token_ids_and_logprobs(pm: Any,
+                                                           collector: Collector) -> None:
+    """A LlamaIndex OpenAI LLM asking a vLLM-style server for logprobs and token ids: the
+    logger records the ids and logprobs the server sent (from ``response.raw``)."""
+    transformers = pytest.importorskip("transformers")
+    from agentcompact.testing import logprob_of
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(_QWEN))
+    sim = UpstreamSim(Script(Reply("Done: naïve fix ✓ applied.")), tokenizer=hf)
+    with serve(sim) as server:
+        llm = OpenAILike(model="gpt-sim", api_base=server.base_url + "/v1", api_key="x",
+                         is_chat_model=True, max_retries=0, logprobs=True,
+                         additional_kwargs={"extra_body": {"return_token_ids": True}})
+        with ModelCallLogger(episode_id="lp", plugins=pm):
+            response = llm.chat([ChatMessage(role="user", content="Fix it.")])
+    (call,) = collector.calls
+    raw = response.raw.model_dump()
+    assert call.response_token_ids == raw["choices"][0]["token_ids"]
+    assert call.prompt_token_ids == raw["prompt_token_ids"]
+    assert hf.decode(call.response_token_ids).startswith("Done: naïve fix ✓ applied.")
+    assert call.response_logprobs == pytest.approx(
+        [logprob_of(k) for k in range(len(call.response_token_ids))], abs=1e-6)

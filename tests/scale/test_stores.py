@@ -183,6 +183,7 @@ def test_redis_down_and_back(redis_server: RedisServer, redis_url: str) -> None:
 
 
 def test_redis_unreachable_from_the_start() -> None:
+    pytest.importorskip("redis", reason="the redis extra is not installed")
     store = store_from_url(f"redis://127.0.0.1:{free_port()}/0?timeout=0.2")
     engine = Engine("cliff", "openai_chat", budget=Budget(trigger_tokens=3000, target_tokens=1500),
                     counter="chars", store=store)
@@ -230,6 +231,7 @@ def test_bad_urls(url: str, match: str, tmp_path: Path, monkeypatch: Any) -> Non
 
 
 def test_redis_where_has_no_password() -> None:
+    pytest.importorskip("redis", reason="the redis extra is not installed")
     store = store_from_url(f"redis://:hunter2@127.0.0.1:{free_port()}/0")
     assert isinstance(store, SharedPrefixStore)
     assert "hunter2" not in str(store.status())
