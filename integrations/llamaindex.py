@@ -46,7 +46,7 @@ from llama_index.core.instrumentation import (  # type: ignore[attr-defined]  # 
 )
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
-from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
+from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMChatInProgressEvent
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.memory import BaseMemory
 from pydantic import ConfigDict, PrivateAttr
@@ -58,7 +58,7 @@ from .._hookspecs import hookimpl
 from .._logging_hooks import log_model_call
 from ..dialects._base import Dialect, Part, head_tail
 from ..errors import ConfigError, DialectError, ValidationError
-from ..trajectory._sampled import from_chat_completion
+from ..trajectory._sampled import from_chat_chunks, from_chat_completion
 from ._options import check_engine, engine_from_options
 
 __all__ = [
@@ -501,6 +501,10 @@ def _usage(response: ChatResponse) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
+#: streams in progress a ModelCallLogger keeps chunks of (the oldest is forgotten beyond)
+_MAX_STREAMS = 256
+
+
 class ModelCallLogger(BaseEventHandler):
     """A LlamaIndex instrumentation handler firing ``agentcompact_log_model_call`` for each
     chat call (streamed calls when the stream ends).
@@ -514,6 +518,8 @@ class ModelCallLogger(BaseEventHandler):
     episode_id: str = ""
     group_id: str | None = None
     _pm: pluggy.PluginManager | None = PrivateAttr(default=None)
+    #: the raw chunks of each stream in progress, by span (their sampled tokens)
+    _chunks: dict[str | None, list[dict[str, Any]]] = PrivateAttr(default_factory=dict)
 
     def __init__(self, *, episode_id: str | None = None, group_id: str | None = None,
                  plugins: pluggy.PluginManager | None = None) -> None:
@@ -525,8 +531,16 @@ class ModelCallLogger(BaseEventHandler):
         return "AgentCompactModelCallLogger"
 
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        if isinstance(event, LLMChatInProgressEvent):
+            chunk = _chunk_dict(event.response.raw)
+            if chunk is not None:
+                if event.span_id not in self._chunks and len(self._chunks) >= _MAX_STREAMS:
+                    self._chunks.pop(next(iter(self._chunks)))  # a stream that never ended
+                self._chunks.setdefault(event.span_id, []).append(chunk)
+            return
         if not isinstance(event, LLMChatEndEvent) or event.response is None:
             return
+        chunks = self._chunks.pop(event.span_id, None)
         response = event.response
         model = getattr(response.raw, "model", None) or (
             response.raw.get("model") if isinstance(response.raw, dict) else None)
@@ -536,7 +550,7 @@ class ModelCallLogger(BaseEventHandler):
             response=[to_openai_chat(response.message)], usage=_usage(response),
             model=str(model) if model else None, group_id=self.group_id,
             compacted=any(_DIALECT.is_synthetic(m) for m in event.messages),
-            **_sampled_fields(response.raw),
+            **_sampled_fields(response.raw, chunks),
         )
         log_model_call(call, self._pm)
 
@@ -560,14 +574,23 @@ class ModelCallLogger(BaseEventHandler):
         self.detach()
 
 
-def _sampled_fields(raw: Any) -> dict[str, Any]:
-    """What the server reported of its sampled tokens, from the OpenAI-compatible
-    ``chat.completion`` a LlamaIndex OpenAI LLM keeps as ``response.raw``: ``logprobs``
+def _sampled_fields(raw: Any, chunks: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """What the server reported of its sampled tokens: from the OpenAI-compatible
+    ``chat.completion`` a LlamaIndex OpenAI LLM keeps as ``response.raw`` — ``logprobs``
     (``logprobs=True``) and vLLM's ``prompt_token_ids`` / ``token_ids``
     (``additional_kwargs={"extra_body": {"return_token_ids": True}}``; the SDK keeps
-    fields it does not model). A streamed call's ``raw`` is its last chunk only, so
-    streamed calls are recorded without them."""
+    fields it does not model) — or, for a stream, from the raw chunks its in-progress
+    events carried (each event's ``raw`` is one ``chat.completion.chunk``)."""
+    if chunks:
+        return from_chat_chunks(chunks).model_call_fields()
     body = raw.model_dump() if hasattr(raw, "model_dump") else raw
     if not isinstance(body, dict) or body.get("object") != "chat.completion":
         return {}
     return from_chat_completion(body).model_call_fields()
+
+
+def _chunk_dict(raw: Any) -> dict[str, Any] | None:
+    body = raw.model_dump() if hasattr(raw, "model_dump") else raw
+    if isinstance(body, dict) and body.get("object") == "chat.completion.chunk":
+        return body
+    return None

@@ -294,8 +294,9 @@ _QWEN = (Path(__file__).resolve().parents[2].parent / "shared" / "data" / "token
 
 
 @pytest.mark.skipif(not _QWEN.exists(), reason="the shared Qwen tokenizer is absent")
-def test_logger_records_the_servers_token_ids_and_logprobs(pm: Any,
-                                                           collector: Collector) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_logger_records_the_servers_token_ids_and_logprobs(pm: Any, collector: Collector,
+                                                           stream: bool) -> None:
     """A LlamaIndex OpenAI LLM asking a vLLM-style server for logprobs and token ids: the
     logger records the ids and logprobs the server sent (from ``response.raw``)."""
     transformers = pytest.importorskip("transformers")
@@ -307,12 +308,16 @@ def test_logger_records_the_servers_token_ids_and_logprobs(pm: Any,
         llm = OpenAILike(model="gpt-sim", api_base=server.base_url + "/v1", api_key="x",
                          is_chat_model=True, max_retries=0, logprobs=True,
                          additional_kwargs={"extra_body": {"return_token_ids": True}})
+        messages = [ChatMessage(role="user", content="Fix it.")]
         with ModelCallLogger(episode_id="lp", plugins=pm):
-            response = llm.chat([ChatMessage(role="user", content="Fix it.")])
+            if stream:
+                raws = [r.raw.model_dump() for r in llm.stream_chat(messages)]
+            else:
+                raws = [llm.chat(messages).raw.model_dump()]
     (call,) = collector.calls
-    raw = response.raw.model_dump()
-    assert call.response_token_ids == raw["choices"][0]["token_ids"]
-    assert call.prompt_token_ids == raw["prompt_token_ids"]
+    ids = [i for raw in raws for i in raw["choices"][0].get("token_ids") or []]
+    assert ids and call.response_token_ids == ids
+    assert call.prompt_token_ids == raws[0]["prompt_token_ids"] is not None
     assert hf.decode(call.response_token_ids).startswith("Done: naïve fix ✓ applied.")
     assert call.response_logprobs == pytest.approx(
         [logprob_of(k) for k in range(len(call.response_token_ids))], abs=1e-6)
