@@ -9,6 +9,7 @@ summary, and the bodies would differ (the control tests show it)."""
 from __future__ import annotations
 
 import itertools
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,9 +64,9 @@ def _run(upstream: RunningServer, proxies: list[ProxyProcess],
     _calls = itertools.count()
     upstream.sim.clear()  # type: ignore[union-attr]
     for i, turns in enumerate(TURNS):
-        if i == restart_at:
+        if i == restart_at:  # killed, not stopped: nothing may depend on a clean shutdown
             for p in proxies:
-                p.stop()
+                p.stop(signal.SIGKILL)
                 p.start()
         send(proxies[i % len(proxies)], session_turn(turns))
     return [r.body for r in upstream.requests if r.path == "/v1/messages"]
