@@ -17,9 +17,7 @@ archive (``archive`` setting), where ``agentcompact._expand`` finds it verbatim.
 Escalation keeps commands and decisions longest: level by level bulk tool output goes
 first (superseded output, a file read again later or a command re-run, from level 1), then
 long results become skim lines, and only at the last level are call arguments and
-assistant text capped hard (there long results keep 200 characters of head and tail:
-grading renders old items at that level, and their last lines are what later turns ask
-for). Graded by age (``grade_by_age``): over budget from level 1 on,
+assistant text capped hard. Graded by age (``grade_by_age``): over budget from level 1 on,
 the oldest items take the last level's rendering first, and the whole rendering escalates
 only when that does not suffice, so the newest items keep their level. Over budget at the
 last level, the oldest bulky items become skim lines, then the oldest items go (human ones
@@ -91,7 +89,7 @@ DEFAULT_LEVELS = (
     CliffLevel(human_max=8_000, assistant_max=800, thinking_max=0, call_args_max=150,
                result_keep=250, result_max=0, keep_superseded=False),
     CliffLevel(human_max=4_000, assistant_max=300, thinking_max=0, call_args_max=120,
-               result_keep=120, result_max=200, keep_superseded=False),
+               result_keep=120, result_max=0, keep_superseded=False),
 )
 
 
@@ -103,16 +101,14 @@ class CliffStrategy:
         ``Archive`` object, ``None`` (default: a new in-memory archive) or ``False``
         (no archive: skim lines still name handles, but nothing can expand them).
     :param human_floor_tokens: the room the compaction message keeps for carried human
-        text, calls and decisions even when the kept turns would leave it less: the engine
-        truncates the largest kept tool output instead (``min_budget_tokens``; 8,000: at
-        the default 60k trigger about half the target, measured in docs/strategies/
-        cliff.md). Pinned text is never dropped.
+        text even when the kept turns would leave it less: the engine truncates the largest
+        kept tool output instead (``min_budget_tokens``). Pinned text is never dropped.
     """
 
     levels: tuple[CliffLevel, ...] = DEFAULT_LEVELS
     carry_forward_human: bool = True
     carry_forward_calls: bool = True
-    human_floor_tokens: int = 8_000
+    human_floor_tokens: int = 1_000
     grade_by_age: bool = True
     grade_from: int = 1
     archive: Any = None

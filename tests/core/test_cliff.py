@@ -126,9 +126,7 @@ def test_render_message_hook_overrides_with_quotes() -> None:
     text = r.messages[r.head_len]["content"]
     last_tool = max(i for i in range(r.cut) if msgs[i]["role"] == "tool")
     head = msgs[last_tool]["content"]
-    quoted = f"[tool result]\n{head[:10]}"
-    assert f"{quoted}\n" in text or text.endswith(quoted)  # the hook's quote, nothing more
-    assert f"[tool result]\n{head[:11]}" not in text
+    assert f"[tool result]\n{head[:10]}\n" in text and f"[tool result]\n{head[:11]}" not in text
 
 
 def test_grading_by_age_leans_the_oldest_items_and_keeps_the_level() -> None:
@@ -151,14 +149,8 @@ def test_grading_by_age_leans_the_oldest_items_and_keeps_the_level() -> None:
             and len(msgs[i]["content"]) > DEFAULT_LEVELS[1].result_keep]
     newest, oldest = msgs[span[-1]]["content"], msgs[span[0]]["content"]
     assert newest[:100] in text and newest[:100] not in flat  # level 1 keeps its head
-    # ... the oldest went lean: less of its head kept than at level 1
-    assert _kept_head(text, oldest) < _kept_head(at_1.message["content"], oldest)
+    assert oldest[:100] not in text  # ... the oldest went lean
     assert "earlier items omitted" not in text  # nothing left out whole
-
-
-def _kept_head(text: str, original: str) -> int:
-    """How many leading characters of ``original`` ``text`` quotes."""
-    return next((n for n in range(len(original), 0, -1) if original[:n] in text), 0)
 
 
 @pytest.mark.parametrize("name", DIALECTS)
