@@ -755,7 +755,7 @@ class Engine:
         overrides: dict[int, tuple[str, Any, int]] = {}
         if room < self._min_budget:  # make room: truncate the largest kept tool outputs
             overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True,
-                                          pins=pins, spare_newest=True)
+                                          pins=pins)
             room += sum(view.tokens[i] - t for i, (_, _, t) in overrides.items())
         return _Plan(
             c=c, head_len=head_len, span_start=prev_cut, cut=cut, kept=kept,
@@ -852,18 +852,15 @@ class Engine:
 
     def _shrink_tail(self, view: _View, cut: int, c: int, excess: int, *, tool_only: bool,
                      pins: Sequence[int] = (),
-                     overrides: dict[int, tuple[str, Any, int]] | None = None,
-                     spare_newest: bool = False,
+                     overrides: dict[int, tuple[str, Any, int]] | None = None
                      ) -> dict[int, tuple[str, Any, int]]:
         """Head+tail truncate the largest kept messages of ``[cut, c)`` until ``excess``
-        tokens are saved: messages of older kept turns first, the newest turn last (never
-        with ``spare_newest``: room for the strategy is no reason to cut what the model has
-        not seen yet); instructions, opaque items and compaction messages never."""
+        tokens are saved: messages of older kept turns first, the newest turn last;
+        instructions, opaque items and compaction messages never."""
         out = dict(overrides or {})
         newest = max((s for s in range(cut, c) if self._turn_start(view, s)), default=cut)
         msgs = view.messages
-        groups = (range(cut, newest),) if spare_newest else (range(cut, newest), range(newest, c))
-        for group in groups:
+        for group in (range(cut, newest), range(newest, c)):
             for _ in range(3):  # a truncation may land a little over: refine
                 size = {i: out[i][2] if i in out else view.tokens[i] for i in group}
                 saved = 0
