@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,6 +42,7 @@ from agentcompact.testing import (
     filler_text,
     serve,
 )
+from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = pytest.mark.network
@@ -502,11 +502,8 @@ def test_engine_names_a_non_message_in_a_langchain_history(bad: Any) -> None:
 
 # ------------------------------------------------------------- sampled tokens recorded
 
-_QWEN = (Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tokenizers"
-         / "qwen2.5-coder-0.5b-instruct")
 
-
-@pytest.mark.skipif(not _QWEN.exists(), reason="the shared Qwen tokenizer is absent")
+@needs_shared_data("tokenizers", "qwen2.5-coder-0.5b-instruct")
 @pytest.mark.parametrize("streaming", [False, True])
 def test_logger_records_the_servers_logprobs(pm: Any, collector: Collector,
                                             streaming: bool) -> None:
@@ -517,7 +514,7 @@ def test_logger_records_the_servers_logprobs(pm: Any, collector: Collector,
     from agentcompact.testing import SimTokenizer, logprob_of
     from agentcompact.trajectory._sampled import token_ids_from_bytes
 
-    hf = transformers.AutoTokenizer.from_pretrained(str(_QWEN))
+    hf = transformers.AutoTokenizer.from_pretrained(str(QWEN_TOKENIZER))
     sim = UpstreamSim(Script(Reply("Done: naïve fix ✓ applied.")), tokenizer=hf)
     with serve(sim) as server:
         model = ChatOpenAI(model="gpt-sim", base_url=server.base_url + "/v1", api_key="x",

@@ -4,7 +4,6 @@ OpenAILike to the upstream simulator, remembering through CompactingMemory."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +32,7 @@ from agentcompact.testing import (
     filler_text,
     serve,
 )
+from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = [
@@ -289,11 +289,8 @@ def test_messages_and_options_are_checked() -> None:
 
 # ------------------------------------------------------------- sampled tokens recorded
 
-_QWEN = (Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tokenizers"
-         / "qwen2.5-coder-0.5b-instruct")
 
-
-@pytest.mark.skipif(not _QWEN.exists(), reason="the shared Qwen tokenizer is absent")
+@needs_shared_data("tokenizers", "qwen2.5-coder-0.5b-instruct")
 @pytest.mark.parametrize("stream", [False, True])
 def test_logger_records_the_servers_token_ids_and_logprobs(pm: Any, collector: Collector,
                                                            stream: bool) -> None:
@@ -302,7 +299,7 @@ def test_logger_records_the_servers_token_ids_and_logprobs(pm: Any, collector: C
     transformers = pytest.importorskip("transformers")
     from agentcompact.testing import logprob_of
 
-    hf = transformers.AutoTokenizer.from_pretrained(str(_QWEN))
+    hf = transformers.AutoTokenizer.from_pretrained(str(QWEN_TOKENIZER))
     sim = UpstreamSim(Script(Reply("Done: naïve fix ✓ applied.")), tokenizer=hf)
     with serve(sim) as server:
         llm = OpenAILike(model="gpt-sim", api_base=server.base_url + "/v1", api_key="x",

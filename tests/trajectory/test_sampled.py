@@ -19,6 +19,7 @@ from agentcompact.trajectory._sampled import (
     from_responses,
     token_ids_from_bytes,
 )
+from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 
 TEXT = "The fix is in parser.py, line 12."
 
@@ -83,8 +84,8 @@ def test_a_stream_of_several_choices_reads_choice_zero_only() -> None:
 
 # ------------------------------------------------- the simulator as vLLM, ids from bytes
 
-QWEN = Path("/work/shared/data/tokenizers/qwen2.5-coder-0.5b-instruct")
-needs_qwen = pytest.mark.skipif(not QWEN.exists(), reason=f"tokenizer absent: {QWEN}")
+QWEN = QWEN_TOKENIZER
+needs_qwen = needs_shared_data("tokenizers", "qwen2.5-coder-0.5b-instruct")
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "parameters": {"type": "object",
                                         "properties": {"path": {"type": "string"}}}}}]

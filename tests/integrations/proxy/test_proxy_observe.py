@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from agentcompact.testing import Reply, ToolCall
+from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 
 from .conftest import ProxyFactory, Upstream
 from .histories import anthropic_history, chat_history, responses_history
@@ -137,11 +138,8 @@ def test_status_and_request_log(start_proxy: ProxyFactory, upstream: Upstream,
     assert "sk-ant-never-logged" not in caplog.text and "acct-secret" not in caplog.text
 
 
-_QWEN = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tokenizers" / (
-    "qwen2.5-coder-0.5b-instruct")
 
-
-@pytest.mark.skipif(not _QWEN.exists(), reason="the shared Qwen tokenizer is absent")
+@needs_shared_data("tokenizers", "qwen2.5-coder-0.5b-instruct")
 @pytest.mark.parametrize("stream", [False, True])
 def test_record_keeps_the_servers_token_ids_and_logprobs(tmp_path: Path, stream: bool) -> None:
     """--record keeps what a vLLM-style server reports of its sampled tokens (prompt ids,
@@ -150,7 +148,7 @@ def test_record_keeps_the_servers_token_ids_and_logprobs(tmp_path: Path, stream:
     from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
     from agentcompact.testing import Script, UpstreamSim, serve
 
-    hf = transformers.AutoTokenizer.from_pretrained(str(_QWEN))
+    hf = transformers.AutoTokenizer.from_pretrained(str(QWEN_TOKENIZER))
     sim = UpstreamSim(Script(Reply("Done: the tests pass.")), tokenizer=hf)
     with serve(sim) as upstream:
         config = ProxyConfig(openai_upstream=upstream.base_url,
