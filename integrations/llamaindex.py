@@ -532,7 +532,7 @@ class ModelCallLogger(BaseEventHandler):
 
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
         if isinstance(event, LLMChatInProgressEvent):
-            chunk = _chunk_dict(event.response.raw)
+            chunk = _raw_body(event.response.raw, "chat.completion.chunk")
             if chunk is not None:
                 if event.span_id not in self._chunks and len(self._chunks) >= _MAX_STREAMS:
                     self._chunks.pop(next(iter(self._chunks)))  # a stream that never ended
@@ -583,14 +583,11 @@ def _sampled_fields(raw: Any, chunks: list[dict[str, Any]] | None) -> dict[str, 
     events carried (each event's ``raw`` is one ``chat.completion.chunk``)."""
     if chunks:
         return from_chat_chunks(chunks).model_call_fields()
-    body = raw.model_dump() if hasattr(raw, "model_dump") else raw
-    if not isinstance(body, dict) or body.get("object") != "chat.completion":
-        return {}
-    return from_chat_completion(body).model_call_fields()
+    body = _raw_body(raw, "chat.completion")
+    return {} if body is None else from_chat_completion(body).model_call_fields()
 
 
-def _chunk_dict(raw: Any) -> dict[str, Any] | None:
+def _raw_body(raw: Any, kind: str) -> dict[str, Any] | None:
+    """``raw`` (an OpenAI SDK object or its dict) as a dict when it is a ``kind`` object."""
     body = raw.model_dump() if hasattr(raw, "model_dump") else raw
-    if isinstance(body, dict) and body.get("object") == "chat.completion.chunk":
-        return body
-    return None
+    return body if isinstance(body, dict) and body.get("object") == kind else None
