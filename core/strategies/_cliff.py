@@ -117,6 +117,10 @@ class CliffStrategy:
     #: text: carried items are not cut again at every compaction)
     _texts: _TextCache = field(default_factory=lambda: _TextCache(), init=False,
                                compare=False, repr=False)
+    #: renderings of items by what they depend on, kept across calls (items carried from
+    #: earlier cycles are rendered again at every compaction, at several levels)
+    _blocks: _BlockCache = field(default_factory=lambda: _BlockCache(), init=False,
+                                 compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.archive = open_archive(self.archive)
@@ -134,7 +138,7 @@ class CliffStrategy:
     def compact(self, request: CompactionRequest) -> Rendered:
         items = _collect(request, self.carry_forward_human, self.carry_forward_calls,
                          self._texts)
-        context = _Context.of(request, items, self._texts)
+        context = _Context.of(request, items, self._texts, self._blocks)
         rates = _token_rates(request, items)
         counter = request.meter.counter
         header_tokens = counter.count_texts([COMPACTION_HEADER])[0] + MESSAGE_OVERHEAD
@@ -144,6 +148,9 @@ class CliffStrategy:
         tiers = [0] * len(items)
         while True:
             grading = self.grade_by_age and level >= self.grade_from
+            if level < top and self._cannot_fit(context, items, rates, level, budget, grading):
+                level += 1  # shown over budget without rendering this level
+                continue
             if level < top and not grading and not self._may_fit(
                     request, context, items, rates, level, budget):
                 level += 1  # over budget: the rest of this level's rendering is not needed
@@ -169,7 +176,7 @@ class CliffStrategy:
         limit = max(request.budget_tokens, floor + header_tokens)  # the engine allows pins
         for _ in range(8):
             forms = _fit(items, sizes, skims, fit_budget)
-            text = "".join(t for _, t in _assemble(blocks, forms, tiers))
+            text = "".join(t for _, t in _assemble(context, blocks, forms, tiers))
             tokens = request.meter.count_text_message(text)
             if tokens <= limit or not any(forms) or fit_budget <= 0:
                 break
@@ -177,6 +184,23 @@ class CliffStrategy:
         self._archive(request, blocks, forms)
         message = request.dialect.text_message(text)
         return Rendered(message, tokens, level, _report(request, items, blocks, forms))
+
+    def _cannot_fit(self, context: _Context, items: Sequence[_Item], rates: Sequence[float],
+                    level: int, budget: int, grading: bool) -> bool:
+        """True when lower bounds of the sizes (:func:`_min_chars`) show that the
+        rendering at ``level`` is over ``budget`` even after grading (every item not
+        pinned at the smaller of its sizes at ``level`` and at the last level): the
+        loop would escalate past ``level`` anyway, so its rendering is not needed."""
+        top = len(self.levels) - 1
+        total = len(items)
+        for item, rate in zip(items, rates):
+            low = _min_size(context, item, self._caps(item, level), rate)
+            if grading and not item.pinned and low:
+                low = min(low, _min_size(context, item, self._caps(item, top), rate))
+            total += low
+            if total > budget:
+                return True
+        return False
 
     def _may_fit(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
                  rates: Sequence[float], level: int, budget: int) -> bool:
@@ -213,18 +237,19 @@ class CliffStrategy:
 
     def _block(self, request: CompactionRequest, context: _Context, item: _Item, level: int
                ) -> _Block:
-        """``item`` rendered at ``level``'s caps, once per call for every set of caps that
-        renders it the same (:func:`_shape`: most caps repeat between levels, and items
-        carried from earlier cycles keep theirs at every level)."""
+        """``item`` rendered at ``level``'s caps, once for every set of caps that renders it
+        the same (:func:`_shape`: most caps repeat between levels, and items carried from
+        earlier cycles keep theirs at every level), kept across calls while what the
+        rendering depends on stays the same (:meth:`_Context.entry`)."""
         caps = self._caps(item, level)
-        memo = context.memo
-        block: _Block | None = memo.get((item.index, id(caps)))
+        entry = context.entry(item)
+        block: _Block | None = entry.get(caps)
         if block is None:
-            key = ("block", item.index, _shape(context, item, caps))
-            block = memo.get(key)
+            key = _shape(context, item, caps)
+            block = entry.get(key)
             if block is None:
-                block = memo[key] = _render(request, context, item, caps)
-            memo[(item.index, id(caps))] = block
+                block = entry[key] = _render(request, context, item, caps)
+            entry[caps] = block
         return block
 
     def _caps(self, item: _Item, level: int) -> CliffLevel:
@@ -311,13 +336,16 @@ class _Context:
     superseded: frozenset[str]  # refs of calls repeated later
     call_items: dict[str, int]  # call ref -> position of the item holding the call
     texts: _TextCache  # handles and truncations by text (across calls)
-    # one compaction renders its items at several levels, and most caps repeat between
-    # levels: renderings and skim lines are kept here for the call (never across calls)
+    blocks: _BlockCache  # renderings by what they depend on (across calls)
+    # skim lines and the skim renderings of items, kept here for the call
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    # the entry of ``blocks`` of each item (by index), for the call
+    entries: dict[int, dict[Any, _Block]] = field(default_factory=dict, compare=False,
+                                                  repr=False)
 
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item],
-           texts: _TextCache | None = None) -> _Context:
+           texts: _TextCache | None = None, blocks: _BlockCache | None = None) -> _Context:
         dialect = request.dialect
         texts = texts or _TextCache()
         calls: dict[str, tuple[str, str]] = {}
@@ -337,7 +365,26 @@ class _Context:
         starts = split_turns(request.messages, dialect).starts
         rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
                     and not it.pinned for p in it.parts if p.kind == "tool_call"}
-        return cls(starts, calls, results, superseded, rendered, texts)
+        return cls(starts, calls, results, superseded, rendered, texts,
+                   _BlockCache() if blocks is None else blocks)
+
+    def entry(self, item: _Item) -> dict[Any, _Block]:
+        """The renderings of ``item`` by caps and by shape, kept across calls under what
+        :func:`_render` reads besides the caps: the item's role, pin, hook override and
+        parts, its turn number (in skim lines), and for each call ref it names whether
+        the call was superseded or is rendered in this message, the call it answers and
+        the result answering it (``call_items`` positions are not part of a rendering:
+        ``_Block.call_refs`` holds refs)."""
+        found = self.entries.get(item.index)
+        if found is None:
+            refs = tuple(
+                (p.ref in self.superseded, p.ref in self.call_items, self.calls.get(p.ref),
+                 None if (r := self.results.get(p.ref)) is None else r.text)
+                for p in item.parts if p.kind in ("tool_call", "tool_result"))
+            key = (item.role, item.pinned, item.override, item.parts,
+                   self.turn(item.index), refs)
+            found = self.entries[item.index] = self.blocks.entry(key)
+        return found
 
     def skims_result(self, ref: str, caps: CliffLevel) -> bool:
         """True when the result of call ``ref`` is left out at ``caps``."""
@@ -404,6 +451,24 @@ class _TextCache:
                                             handle=self.handle(text), index=index))
             self._room(text)
             self._pieces[key] = found
+        return found
+
+
+class _BlockCache:
+    """Renderings of items across calls (:meth:`_Context.entry` gives the key), bounded:
+    emptied when it holds more than ``max_entries`` items (plain dict operations, as
+    :class:`_TextCache`)."""
+
+    def __init__(self, max_entries: int = 8_192) -> None:
+        self.max_entries = max_entries
+        self._entries: dict[Any, dict[Any, _Block]] = {}
+
+    def entry(self, key: Any) -> dict[Any, _Block]:
+        found = self._entries.get(key)
+        if found is None:
+            if len(self._entries) >= self.max_entries:
+                self._entries = {}
+            found = self._entries[key] = {}
         return found
 
 
@@ -494,12 +559,65 @@ def _shape(context: _Context, item: _Item, caps: CliffLevel) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _min_size(context: _Context, item: _Item, caps: CliffLevel, rate: float) -> int:
+    """A lower bound of ``_size`` of ``item`` rendered at ``caps``, without rendering."""
+    chars = _min_chars(context, item, caps)
+    return int(chars * max(rate, 0.25)) + 2 if chars else 0
+
+
+_MIN_MARK = 36  # characters of a skim line, result note or cut marker at least (each
+#                names a 15-character handle, ``[… N chars omitted · expand HANDLE …]``)
+
+
+def _min_chars(context: _Context, item: _Item, caps: CliffLevel) -> int:
+    """A lower bound of the characters of ``item`` rendered at ``caps``, from lengths
+    alone (what :func:`_render_part` keeps at least: a text cut by characters keeps its
+    cap, by lines at least a quarter of it, and a cut, skim line or result note names a
+    handle; the label and the line breaks between parts known to render)."""
+    if item.override is not None:
+        return sum(map(len, item.override))
+    limits = {"text": caps.human_max if item.role in _HUMAN_ROLES else caps.assistant_max,
+              "thinking": caps.thinking_max}
+    total = shown = 0
+    for part in item.parts:
+        kind, n = part.kind, len(part.text)
+        low = 0
+        if item.pinned and n:
+            low = n
+        elif kind in limits and n:
+            limit = limits[kind]
+            low = (n if n <= limit else limit // 4 + _MIN_MARK) if limit else \
+                _MIN_MARK if kind == "text" else 0
+            if low and kind == "thinking":
+                low += len("[thinking] ")
+        elif kind == "tool_call":
+            limit = caps.call_args_max
+            low = len("[tool call ] ") + len(part.name) + (
+                n if limit <= 0 or n <= limit else max(limit, 2) + _MIN_MARK)
+            if context.skims_result(part.ref, caps):
+                low += _MIN_MARK
+        elif kind == "tool_result":
+            if not context.skims_result(part.ref, caps):
+                limit = n if n <= caps.result_keep else caps.result_max
+                low = n if limit <= 0 or n <= limit else limit // 4 + _MIN_MARK
+            elif part.ref not in context.call_items:
+                low = _MIN_MARK  # a skim line (else named on the call's line)
+        elif kind == "image":
+            low = len("[image omitted]")
+        if low:
+            total += low
+            shown += 1
+    if shown:  # the label line and the line breaks between parts
+        total += len(_LABELS.get(item.role, f"[{item.role}]")) + shown
+    return total
+
+
 def _size(context: _Context, block: _Block, rate: float) -> int:
-    """``_estimate`` of ``block.full`` (once per block: the item's rate is the call's)."""
-    key = ("size", id(block))
-    size: int | None = context.memo.get(key)
+    """``_estimate`` of ``block.full`` (once per block and rate: the item's rate is its
+    original's tokens per character)."""
+    size = block.sizes.get(rate)
     if size is None:
-        size = context.memo[key] = _estimate(block.full, rate)
+        size = block.sizes[rate] = _estimate(block.full, rate)
     return size
 
 
@@ -511,7 +629,8 @@ class _Block:
     skimmed: list[ArchivedItem]  # originals of every part (for ``skim`` or omission)
     cut: bool = False  # ``full`` truncates or skims something
     alone: list[Seg] | None = None  # ``full`` when the items holding the calls are not
-    call_items: frozenset[int] = frozenset()  # ... (their positions) rendered in full
+    call_refs: frozenset[str] = frozenset()  # ... (the calls' refs) rendered in full
+    sizes: dict[float, int] = field(default_factory=dict)  # ``_size`` by rate
 
 
 def _archived(context: _Context, item: _Item, part: Part, note: str = "") -> ArchivedItem:
@@ -587,7 +706,7 @@ def _render(request: CompactionRequest, context: _Context, item: _Item, caps: Cl
         full = _join(label, [[(True, piece)] for piece in item.override])
         return _Block(full, skim, skimmed, skimmed, True)
     pieces, alone, archived, cut = [], [], [], False
-    calls: set[int] = set()
+    calls: set[str] = set()
     for part in item.parts:
         segs, left_out = _render_part(context, item, part, caps)
         pieces.append(segs)
@@ -595,12 +714,12 @@ def _render(request: CompactionRequest, context: _Context, item: _Item, caps: Cl
             archived.append(archived_of[id(part)])
             cut = True
         if part.kind == "tool_result" and not segs and part.ref in context.call_items:
-            calls.add(context.call_items[part.ref])
+            calls.add(part.ref)
             segs = _render_part(context, item, part, caps, on_call=False)[0]
         alone.append(segs)
     block = _Block(_join(label, pieces), skim, archived, skimmed, cut)
     if calls:
-        block.alone, block.call_items = _join(label, alone), frozenset(calls)
+        block.alone, block.call_refs = _join(label, alone), frozenset(calls)
     return block
 
 
@@ -658,7 +777,7 @@ def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], bud
     return forms
 
 
-def _assemble(blocks: Sequence[_Block], forms: Sequence[int],
+def _assemble(context: _Context, blocks: Sequence[_Block], forms: Sequence[int],
               tiers: Sequence[int] | None = None) -> list[Seg]:
     out: list[Seg] = [(False, COMPACTION_HEADER)]
     omitted = sum(1 for b, f in zip(blocks, forms) if b.full and f == _OMIT)
@@ -668,7 +787,8 @@ def _assemble(blocks: Sequence[_Block], forms: Sequence[int],
     for i, (block, form) in enumerate(zip(blocks, forms)):
         segs = block.full if form == _FULL else block.skim if form == _SKIM else []
         if form == _FULL and block.alone is not None and any(
-                forms[k] != _FULL or tiers[k] != tiers[i] for k in block.call_items):
+                forms[k] != _FULL or tiers[k] != tiers[i]
+                for k in map(context.call_items.__getitem__, block.call_refs)):
             segs = block.alone  # the results' calls are not there to name them
         if segs:
             out.append((False, "\n\n"))
@@ -701,7 +821,7 @@ def render_segments(request: CompactionRequest, level: int = 0,
     items = _collect(request, strategy.carry_forward_human, strategy.carry_forward_calls)
     context = _Context.of(request, items)
     blocks = [_render(request, context, it, strategy._caps(it, level)) for it in items]
-    return _assemble(blocks, [_FULL] * len(blocks))
+    return _assemble(context, blocks, [_FULL] * len(blocks))
 
 
 def settings_dict(strategy: CliffStrategy) -> dict[str, Any]:
