@@ -34,6 +34,7 @@ compaction of a compaction.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,7 @@ from typing import Any
 from .._archive import Archive, ArchivedItem, handle_of, open_archive
 from .._events import DroppedItem
 from .._markers import COMPACTION_HEADER
-from .._tokens import MESSAGE_OVERHEAD
+from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
 from .._turns import split_turns
 from ..dialects._base import LineIndex, Part, line_index, truncation_pieces
 from ..errors import PluginError
@@ -138,6 +139,8 @@ class CliffStrategy:
     def compact(self, request: CompactionRequest) -> Rendered:
         items = _collect(request, self.carry_forward_human, self.carry_forward_calls,
                          self._texts)
+        if self._blocks.levels != self.levels:  # entries are by level index
+            self._blocks = _BlockCache(self.levels)
         context = _Context.of(request, items, self._texts, self._blocks)
         rates = _token_rates(request, items)
         counter = request.meter.counter
@@ -167,7 +170,7 @@ class CliffStrategy:
                     blocks, sizes, tiers = graded
                     break
             level += 1
-        skims = [_estimate(b.skim, rate) for b, rate in zip(blocks, rates)]
+        skims = [_size(context, b, rate, "skim") for b, rate in zip(blocks, rates)]
         floor = sum(s + 8 for s, it in zip(sizes, items) if it.pinned)  # never dropped
         budget = max(budget, floor)
         # Sizes are estimated from each original's tokens per character; the exact count
@@ -176,8 +179,7 @@ class CliffStrategy:
         limit = max(request.budget_tokens, floor + header_tokens)  # the engine allows pins
         for _ in range(8):
             forms = _fit(items, sizes, skims, fit_budget)
-            text = "".join(t for _, t in _assemble(context, blocks, forms, tiers))
-            tokens = request.meter.count_text_message(text)
+            text, tokens = _counted(request, context, blocks, forms, tiers)
             if tokens <= limit or not any(forms) or fit_budget <= 0:
                 break
             fit_budget = min(int(fit_budget * limit / tokens), fit_budget - tokens + limit) - 8
@@ -194,9 +196,9 @@ class CliffStrategy:
         top = len(self.levels) - 1
         total = len(items)
         for item, rate in zip(items, rates):
-            low = _min_size(context, item, self._caps(item, level), rate)
+            low = self._min_size(context, item, level, rate)
             if grading and not item.pinned and low:
-                low = min(low, _min_size(context, item, self._caps(item, top), rate))
+                low = min(low, self._min_size(context, item, top, rate))
             total += low
             if total > budget:
                 return True
@@ -241,21 +243,37 @@ class CliffStrategy:
         the same (:func:`_shape`: most caps repeat between levels, and items carried from
         earlier cycles keep theirs at every level), kept across calls while what the
         rendering depends on stays the same (:meth:`_Context.entry`)."""
-        caps = self._caps(item, level)
-        entry = context.entry(item)
-        block: _Block | None = entry.get(caps)
+        k = self._level_of(item, level)
+        blocks = context.entry(item).blocks
+        block: _Block | None = blocks.get(k)
         if block is None:
+            caps = self.levels[k]
             key = _shape(context, item, caps)
-            block = entry.get(key)
+            block = blocks.get(key)
             if block is None:
-                block = entry[key] = _render(request, context, item, caps)
-            entry[caps] = block
+                block = blocks[key] = _render(request, context, item, caps)
+            blocks[k] = block
         return block
 
-    def _caps(self, item: _Item, level: int) -> CliffLevel:
-        if item.carried and item.role not in _HUMAN_ROLES:
+    def _min_size(self, context: _Context, item: _Item, level: int, rate: float) -> int:
+        """A lower bound of ``_size`` of ``item`` rendered at ``level``, without rendering
+        (:func:`_min_chars`, kept with the item's renderings)."""
+        k = self._level_of(item, level)
+        mins = context.entry(item).mins
+        chars = mins.get(k)
+        if chars is None:
+            chars = mins[k] = _min_chars(context, item, self.levels[k])
+        return int(chars * max(rate, 0.25)) + 2 if chars else 0
+
+    def _level_of(self, item: _Item, level: int) -> int:
+        """The level whose caps render ``item`` at ``level``: items carried from earlier
+        cycles, human ones aside, at the last-but-one level or leaner."""
+        if item.lean:
             level = max(level, len(self.levels) - 2)
-        return self.levels[max(0, level)]
+        return max(0, level)
+
+    def _caps(self, item: _Item, level: int) -> CliffLevel:
+        return self.levels[self._level_of(item, level)]
 
     def _archive(self, request: CompactionRequest, blocks: Sequence[_Block],
                  forms: Sequence[int]) -> None:
@@ -277,6 +295,11 @@ class _Item:
     pinned: bool
     carried: bool
     override: tuple[str, ...] | None  # parts from the render_message hook
+
+    @property
+    def lean(self) -> bool:
+        """Carried from an earlier cycle and not human: rendered lean at every level."""
+        return self.carried and self.role not in _HUMAN_ROLES
 
 
 def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
@@ -340,8 +363,7 @@ class _Context:
     # skim lines and the skim renderings of items, kept here for the call
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     # the entry of ``blocks`` of each item (by index), for the call
-    entries: dict[int, dict[Any, _Block]] = field(default_factory=dict, compare=False,
-                                                  repr=False)
+    entries: dict[int, _Entry] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item],
@@ -368,7 +390,7 @@ class _Context:
         return cls(starts, calls, results, superseded, rendered, texts,
                    _BlockCache() if blocks is None else blocks)
 
-    def entry(self, item: _Item) -> dict[Any, _Block]:
+    def entry(self, item: _Item) -> _Entry:
         """The renderings of ``item`` by caps and by shape, kept across calls under what
         :func:`_render` reads besides the caps: the item's role, pin, hook override and
         parts, its turn number (in skim lines), and for each call ref it names whether
@@ -454,24 +476,37 @@ class _TextCache:
         return found
 
 
+class _Entry:
+    """One item's renderings, by level index and by :func:`_shape`, and lower bounds of
+    their characters by level index (:func:`_min_chars`)."""
+
+    __slots__ = ("blocks", "mins")
+
+    def __init__(self) -> None:
+        self.blocks: dict[Any, _Block] = {}
+        self.mins: dict[int, int] = {}
+
+
 class _BlockCache:
-    """Renderings of items across calls (:meth:`_Context.entry` gives the key), bounded:
-    emptied when it holds more than ``max_entries`` items (plain dict operations, as
-    :class:`_TextCache`)."""
+    """Renderings of items across calls (:meth:`_Context.entry` gives the key) for one
+    tuple of ``levels`` (entries are by level index), bounded: emptied when it holds more
+    than ``max_entries`` items (plain dict operations, as :class:`_TextCache`)."""
 
-    def __init__(self, max_entries: int = 8_192) -> None:
-        self.max_entries = max_entries
-        self._entries: dict[Any, dict[Any, _Block]] = {}
+    def __init__(self, levels: tuple[CliffLevel, ...] = (), max_entries: int = 8_192
+                 ) -> None:
+        self.levels, self.max_entries = levels, max_entries
+        self._entries: dict[Any, _Entry] = {}
 
-    def entry(self, key: Any) -> dict[Any, _Block]:
+    def entry(self, key: Any) -> _Entry:
         found = self._entries.get(key)
         if found is None:
             if len(self._entries) >= self.max_entries:
                 self._entries = {}
-            found = self._entries[key] = {}
+            found = self._entries[key] = _Entry()
         return found
 
 
+@functools.lru_cache(maxsize=4_096)
 def _call_key(name: str, args: str) -> str:
     """Calls with the same key supersede each other: same tool, same file or command."""
     try:
@@ -559,12 +594,6 @@ def _shape(context: _Context, item: _Item, caps: CliffLevel) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _min_size(context: _Context, item: _Item, caps: CliffLevel, rate: float) -> int:
-    """A lower bound of ``_size`` of ``item`` rendered at ``caps``, without rendering."""
-    chars = _min_chars(context, item, caps)
-    return int(chars * max(rate, 0.25)) + 2 if chars else 0
-
-
 _MIN_MARK = 36  # characters of a skim line, result note or cut marker at least (each
 #                names a 15-character handle, ``[… N chars omitted · expand HANDLE …]``)
 
@@ -612,12 +641,12 @@ def _min_chars(context: _Context, item: _Item, caps: CliffLevel) -> int:
     return total
 
 
-def _size(context: _Context, block: _Block, rate: float) -> int:
-    """``_estimate`` of ``block.full`` (once per block and rate: the item's rate is its
-    original's tokens per character)."""
-    size = block.sizes.get(rate)
+def _size(context: _Context, block: _Block, rate: float, variant: str = "full") -> int:
+    """``_estimate`` of ``block.full`` (or ``skim``), once per block and rate (the item's
+    rate is its original's tokens per character)."""
+    size = block.sizes.get((variant, rate))
     if size is None:
-        size = block.sizes[rate] = _estimate(block.full, rate)
+        size = block.sizes[(variant, rate)] = _estimate(getattr(block, variant), rate)
     return size
 
 
@@ -630,7 +659,16 @@ class _Block:
     cut: bool = False  # ``full`` truncates or skims something
     alone: list[Seg] | None = None  # ``full`` when the items holding the calls are not
     call_refs: frozenset[str] = frozenset()  # ... (the calls' refs) rendered in full
-    sizes: dict[float, int] = field(default_factory=dict)  # ``_size`` by rate
+    sizes: dict[tuple[str, float], int] = field(default_factory=dict)  # ``_size``
+    counts: dict[tuple[str, str, bool], int] = field(default_factory=dict)  # ``_counted``
+    texts: dict[str, str] = field(default_factory=dict)  # ``text`` by variant
+
+    def text(self, variant: str) -> str:
+        """The text of the rendering ``variant`` (``full``, ``alone`` or ``skim``)."""
+        found = self.texts.get(variant)
+        if found is None:
+            found = self.texts[variant] = "".join(t for _, t in getattr(self, variant))
+        return found
 
 
 def _archived(context: _Context, item: _Item, part: Part, note: str = "") -> ArchivedItem:
@@ -777,23 +815,75 @@ def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], bud
     return forms
 
 
-def _assemble(context: _Context, blocks: Sequence[_Block], forms: Sequence[int],
-              tiers: Sequence[int] | None = None) -> list[Seg]:
-    out: list[Seg] = [(False, COMPACTION_HEADER)]
+def _shown(context: _Context, blocks: Sequence[_Block], forms: Sequence[int],
+           tiers: Sequence[int] | None = None) -> tuple[int, list[tuple[_Block, str]]]:
+    """How many items with a rendering are omitted, and the rendering shown of each
+    other one, in order: (block, ``full``, ``alone`` or ``skim``)."""
     omitted = sum(1 for b, f in zip(blocks, forms) if b.full and f == _OMIT)
-    if omitted:
-        out.append((False, f"\n\n[… {omitted} earlier items omitted …]"))  # searchable
     tiers = tiers or [0] * len(blocks)
+    out: list[tuple[_Block, str]] = []
     for i, (block, form) in enumerate(zip(blocks, forms)):
-        segs = block.full if form == _FULL else block.skim if form == _SKIM else []
-        if form == _FULL and block.alone is not None and any(
+        variant = "full" if form == _FULL else "skim" if form == _SKIM else ""
+        if variant == "full" and block.alone is not None and any(
                 forms[k] != _FULL or tiers[k] != tiers[i]
                 for k in map(context.call_items.__getitem__, block.call_refs)):
-            segs = block.alone  # the results' calls are not there to name them
-        if segs:
-            out.append((False, "\n\n"))
-            out.extend(segs)
+            variant = "alone"  # the results' calls are not there to name them
+        if variant and getattr(block, variant):
+            out.append((block, variant))
+    return omitted, out
+
+
+def _heading(omitted: int) -> str:
+    if omitted:  # searchable
+        return f"{COMPACTION_HEADER}\n\n[… {omitted} earlier items omitted …]"
+    return COMPACTION_HEADER
+
+
+def _assemble(context: _Context, blocks: Sequence[_Block], forms: Sequence[int],
+              tiers: Sequence[int] | None = None) -> list[Seg]:
+    omitted, shown = _shown(context, blocks, forms, tiers)
+    out: list[Seg] = [(False, _heading(omitted))]
+    for block, variant in shown:
+        out.append((False, "\n\n"))
+        out.extend(getattr(block, variant))
     return out
+
+
+#: counters whose count of a text is the sum of the counts of its pieces cut where a
+#: line break is followed by ``[`` (tiktoken's o200k and cl100k pre-tokenizers never put
+#: ``\n[`` in one piece, and no piece's match depends on what follows a line break)
+_SPLIT_COUNTERS = frozenset({"tiktoken:o200k_base", "tiktoken:cl100k_base"})
+
+
+def _counted(request: CompactionRequest, context: _Context, blocks: Sequence[_Block],
+             forms: Sequence[int], tiers: Sequence[int]) -> tuple[str, int]:
+    """The compaction message's text and its tokens (``count_text_message``). Every
+    rendering starts with its ``[role]`` label after a blank line, so with a counter of
+    :data:`_SPLIT_COUNTERS` the count is summed from counts of the renderings, kept on
+    their blocks across refits and calls: the same number, without encoding the whole
+    message at every refit."""
+    omitted, shown = _shown(context, blocks, forms, tiers)
+    texts = [_heading(omitted)]
+    for block, variant in shown:
+        texts.append(block.text(variant))
+    text = "\n\n".join(texts)
+    meter = request.meter
+    counter = meter.counter
+    name = getattr(counter, "name", None)
+    if (name not in _SPLIT_COUNTERS or type(counter) is not TiktokenCounter
+            or type(meter).count_text_message is not MessageMeter.count_text_message
+            or not all(t.startswith("[") for t in texts[1:])):
+        return text, meter.count_text_message(text)
+    last = len(shown) - 1
+    tokens = counter.count_texts([texts[0] + "\n\n" if shown else texts[0]])[0]
+    for k, (block, variant) in enumerate(shown):
+        key = (name, variant, k == last)
+        found = block.counts.get(key)
+        if found is None:
+            found = block.counts[key] = counter.count_texts(
+                [texts[k + 1] if k == last else texts[k + 1] + "\n\n"])[0]
+        tokens += found
+    return text, tokens + MESSAGE_OVERHEAD
 
 
 def _report(
