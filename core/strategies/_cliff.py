@@ -38,7 +38,6 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from operator import itemgetter
 from typing import Any
 
 from .._archive import Archive, ArchivedItem, handle_of, open_archive
@@ -194,14 +193,23 @@ class CliffStrategy:
         pinned at the smaller of its sizes at ``level`` and at the last level): the
         loop would escalate past ``level`` anyway, so its rendering is not needed."""
         top = len(self.levels) - 1
+        lean = max(level, top - 1)
         total = len(items)
-        for item, rate in zip(items, rates):
-            low = self._min_size(context, item, level, rate)
-            if grading and not item.pinned and low:
-                low = min(low, self._min_size(context, item, top, rate))
-            total += low
-            if total > budget:
-                return True
+        for item, rate, entry in zip(items, rates, context.slots):
+            mins = entry.mins
+            k = lean if item.lean else level
+            chars = mins.get(k)
+            if chars is None:
+                chars = mins[k] = _min_chars(context, item, self.levels[k])
+            if grading and chars and not item.pinned:
+                low = mins.get(top)
+                if low is None:
+                    low = mins[top] = _min_chars(context, item, self.levels[top])
+                chars = min(chars, low)
+            if chars:
+                total += int(chars * max(rate, 0.25)) + 2
+                if total > budget:
+                    return True
         return False
 
     def _may_fit(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
@@ -255,22 +263,10 @@ class CliffStrategy:
             blocks[k] = block
         return block
 
-    def _min_size(self, context: _Context, item: _Item, level: int, rate: float) -> int:
-        """A lower bound of ``_size`` of ``item`` rendered at ``level``, without rendering
-        (:func:`_min_chars`, kept with the item's renderings)."""
-        k = self._level_of(item, level)
-        mins = context.entry(item).mins
-        chars = mins.get(k)
-        if chars is None:
-            chars = mins[k] = _min_chars(context, item, self.levels[k])
-        return int(chars * max(rate, 0.25)) + 2 if chars else 0
-
     def _level_of(self, item: _Item, level: int) -> int:
         """The level whose caps render ``item`` at ``level``: items carried from earlier
         cycles, human ones aside, at the last-but-one level or leaner."""
-        if item.lean:
-            level = max(level, len(self.levels) - 2)
-        return max(0, level)
+        return max(0, level, len(self.levels) - 2) if item.lean else max(0, level)
 
     def _caps(self, item: _Item, level: int) -> CliffLevel:
         return self.levels[self._level_of(item, level)]
@@ -295,11 +291,8 @@ class _Item:
     pinned: bool
     carried: bool
     override: tuple[str, ...] | None  # parts from the render_message hook
-
-    @property
-    def lean(self) -> bool:
-        """Carried from an earlier cycle and not human: rendered lean at every level."""
-        return self.carried and self.role not in _HUMAN_ROLES
+    pos: int = 0  # position in the call's list of items
+    lean: bool = False  # carried and not human: rendered lean at every level
 
 
 def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
@@ -310,24 +303,24 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
     pins = request.pins_possible
     hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
     items: list[_Item] = []
-    parts_of = (cache or _TextCache()).parts
+    facts = (cache or _TextCache()).facts
     indices = list(request.earlier())
     for i in [*indices, *request.span()]:
         message = request.messages[i]
-        if dialect.is_synthetic(message) or request.keeps(i):
+        role, synthetic, parts = facts(dialect, message)
+        if synthetic or request.keeps(i):
             continue  # never compact a compaction; the engine sends kept ones itself
-        role = dialect.role(message)
         carried = i < request.span_start
         pinned = pins and request.pinned(i)
         if carried and not pinned and not (
             carry and (role in _HUMAN_ROLES or carry_calls)
         ):
             continue  # earlier cycles: what is carried
-        parts = parts_of(dialect, message)
         if carried and not pinned and not any(p.text for p in parts):
             continue  # ... with some text
         override = _hook_render(request, message) if hooks else None
-        items.append(_Item(i, role, parts, pinned, carried, override))
+        items.append(_Item(i, role, parts, pinned, carried, override, len(items),
+                           carried and role not in _HUMAN_ROLES))
     return items
 
 
@@ -362,8 +355,8 @@ class _Context:
     blocks: _BlockCache  # renderings by what they depend on (across calls)
     # skim lines and the skim renderings of items, kept here for the call
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
-    # the entry of ``blocks`` of each item (by index), for the call
-    entries: dict[int, _Entry] = field(default_factory=dict, compare=False, repr=False)
+    # the entry of ``blocks`` of each item (by position), for the call
+    slots: list[_Entry] = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item],
@@ -387,26 +380,29 @@ class _Context:
         starts = split_turns(request.messages, dialect).starts
         rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
                     and not it.pinned for p in it.parts if p.kind == "tool_call"}
-        return cls(starts, calls, results, superseded, rendered, texts,
-                   _BlockCache() if blocks is None else blocks)
+        context = cls(starts, calls, results, superseded, rendered, texts,
+                      _BlockCache() if blocks is None else blocks)
+        context.slots[:] = map(context._entry, items)
+        return context
 
     def entry(self, item: _Item) -> _Entry:
+        """The entry of ``blocks`` of ``item`` (one of the call's items)."""
+        return self.slots[item.pos]
+
+    def _entry(self, item: _Item) -> _Entry:
         """The renderings of ``item`` by caps and by shape, kept across calls under what
         :func:`_render` reads besides the caps: the item's role, pin, hook override and
         parts, its turn number (in skim lines), and for each call ref it names whether
         the call was superseded or is rendered in this message, the call it answers and
         the result answering it (``call_items`` positions are not part of a rendering:
         ``_Block.call_refs`` holds refs)."""
-        found = self.entries.get(item.index)
-        if found is None:
-            refs = tuple(
-                (p.ref in self.superseded, p.ref in self.call_items, self.calls.get(p.ref),
-                 None if (r := self.results.get(p.ref)) is None else r.text)
-                for p in item.parts if p.kind in ("tool_call", "tool_result"))
-            key = (item.role, item.pinned, item.override, item.parts,
-                   self.turn(item.index), refs)
-            found = self.entries[item.index] = self.blocks.entry(key)
-        return found
+        refs = tuple(
+            (p.ref in self.superseded, p.ref in self.call_items, self.calls.get(p.ref),
+             None if (r := self.results.get(p.ref)) is None else r.text)
+            for p in item.parts if p.kind in ("tool_call", "tool_result"))
+        key = (item.role, item.pinned, item.override, item.parts, self.turn(item.index),
+               refs)
+        return self.blocks.entry(key)
 
     def skims_result(self, ref: str, caps: CliffLevel) -> bool:
         """True when the result of call ``ref`` is left out at ``caps``."""
@@ -430,20 +426,26 @@ class _TextCache:
         self._handles: dict[str, str] = {}
         self._pieces: dict[tuple[str, int, bool], tuple[Seg, ...]] = {}
         self._lines: dict[str, LineIndex] = {}
-        self._parts: dict[int, tuple[Any, Any, tuple[Part, ...]]] = {}
+        self._parts: dict[int, tuple[Any, Any, tuple[str, bool, tuple[Part, ...]]]] = {}
         self._chars = 0
 
     def parts(self, dialect: Any, message: Any) -> tuple[Part, ...]:
-        """``dialect.parts(message)``, kept by the message's identity (the engine takes
-        messages as immutable values; the entry holds the message, so its id stays its)."""
+        """``dialect.parts(message)``, kept by the message's identity (:meth:`facts`)."""
+        return self.facts(dialect, message)[2]
+
+    def facts(self, dialect: Any, message: Any) -> tuple[str, bool, tuple[Part, ...]]:
+        """The message's role, whether it is synthetic and its parts, kept by the
+        message's identity (the engine takes messages as immutable values; the entry holds
+        the message, so its id stays its)."""
         found = self._parts.get(id(message))
         if found is not None and found[0] is message and found[1] is dialect:
             return found[2]
-        parts = tuple(dialect.parts(message))
+        facts = (dialect.role(message), dialect.is_synthetic(message),
+                 tuple(dialect.parts(message)))
         if len(self._parts) >= self.max_entries:
             self._parts = {}
-        self._parts[id(message)] = (message, dialect, parts)
-        return parts
+        self._parts[id(message)] = (message, dialect, facts)
+        return facts
 
     def _room(self, text: str) -> None:
         self._chars += len(text)
@@ -646,7 +648,7 @@ def _size(context: _Context, block: _Block, rate: float, variant: str = "full") 
     rate is its original's tokens per character)."""
     size = block.sizes.get((variant, rate))
     if size is None:
-        size = block.sizes[(variant, rate)] = _estimate(getattr(block, variant), rate)
+        size = block.sizes[(variant, rate)] = _estimate(len(block.text(variant)), rate)
     return size
 
 
@@ -789,8 +791,7 @@ def _token_rates(request: CompactionRequest, items: Sequence[_Item]) -> list[flo
     return rates
 
 
-def _estimate(block: Sequence[Seg], rate: float) -> int:
-    chars = sum(map(len, map(itemgetter(1), block)))
+def _estimate(chars: int, rate: float) -> int:
     return int(chars * max(rate, 0.25)) + 2 if chars else 0
 
 
