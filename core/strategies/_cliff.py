@@ -38,7 +38,7 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._archive import Archive, ArchivedItem, handle_of, open_archive
 from .._events import DroppedItem
@@ -141,7 +141,8 @@ class CliffStrategy:
         if self._blocks.levels != self.levels:  # entries are by level index
             self._blocks = _BlockCache(self.levels)
         context = _Context.of(request, items, self._texts, self._blocks)
-        rates = _token_rates(request, items)
+        measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
+        rates = _token_rates(items, measured)
         counter = request.meter.counter
         header_tokens = counter.count_texts([COMPACTION_HEADER])[0] + MESSAGE_OVERHEAD
         budget = request.budget_tokens - header_tokens
@@ -184,7 +185,7 @@ class CliffStrategy:
             fit_budget = min(int(fit_budget * limit / tokens), fit_budget - tokens + limit) - 8
         self._archive(request, blocks, forms)
         message = request.dialect.text_message(text)
-        return Rendered(message, tokens, level, _report(request, items, blocks, forms))
+        return Rendered(message, tokens, level, _report(items, measured, blocks, forms))
 
     def _cannot_fit(self, context: _Context, items: Sequence[_Item], rates: Sequence[float],
                     level: int, budget: int, grading: bool) -> bool:
@@ -283,8 +284,7 @@ class CliffStrategy:
         archive.put_many(out)
 
 
-@dataclass(frozen=True)
-class _Item:
+class _Item(NamedTuple):
     index: int
     role: str
     parts: tuple[Part, ...]
@@ -307,7 +307,7 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
     indices = list(request.earlier())
     for i in [*indices, *request.span()]:
         message = request.messages[i]
-        role, synthetic, parts = facts(dialect, message)
+        role, synthetic, parts, _ = facts(dialect, message)
         if synthetic or request.keeps(i):
             continue  # never compact a compaction; the engine sends kept ones itself
         carried = i < request.span_start
@@ -366,10 +366,9 @@ class _Context:
         calls: dict[str, tuple[str, str]] = {}
         results: dict[str, Part] = {}
         order: list[tuple[str, str]] = []  # (key, ref) of every call, in order
+        facts = texts.facts
         for message in request.messages:
-            if not (dialect.tool_call_ids(message) or dialect.tool_result_ids(message)):
-                continue
-            for part in texts.parts(dialect, message):
+            for part in facts(dialect, message)[3]:
                 if part.kind == "tool_call":
                     calls[part.ref] = (part.name, part.text)
                     order.append((_call_key(part.name, part.text), part.ref))
@@ -415,6 +414,9 @@ class _Context:
         return bisect.bisect_right(self.turn_starts, index)
 
 
+_Facts = tuple[str, bool, tuple[Part, ...], tuple[Part, ...]]
+
+
 class _TextCache:
     """Handles, line indices and truncation pieces of texts, and the parts of messages,
     bounded: emptied when it holds more than ``max_entries`` entries or ``max_chars``
@@ -426,22 +428,24 @@ class _TextCache:
         self._handles: dict[str, str] = {}
         self._pieces: dict[tuple[str, int, bool], tuple[Seg, ...]] = {}
         self._lines: dict[str, LineIndex] = {}
-        self._parts: dict[int, tuple[Any, Any, tuple[str, bool, tuple[Part, ...]]]] = {}
+        self._parts: dict[int, tuple[Any, Any, _Facts]] = {}
         self._chars = 0
 
     def parts(self, dialect: Any, message: Any) -> tuple[Part, ...]:
         """``dialect.parts(message)``, kept by the message's identity (:meth:`facts`)."""
         return self.facts(dialect, message)[2]
 
-    def facts(self, dialect: Any, message: Any) -> tuple[str, bool, tuple[Part, ...]]:
-        """The message's role, whether it is synthetic and its parts, kept by the
-        message's identity (the engine takes messages as immutable values; the entry holds
-        the message, so its id stays its)."""
+    def facts(self, dialect: Any, message: Any) -> _Facts:
+        """The message's role, whether it is synthetic, its parts and its tool-call and
+        tool-result parts, kept by the message's identity (the engine takes messages as
+        immutable values; the entry holds the message, so its id stays its)."""
         found = self._parts.get(id(message))
         if found is not None and found[0] is message and found[1] is dialect:
             return found[2]
-        facts = (dialect.role(message), dialect.is_synthetic(message),
-                 tuple(dialect.parts(message)))
+        parts = tuple(dialect.parts(message))
+        tools = tuple(p for p in parts if p.kind in ("tool_call", "tool_result")) if (
+            dialect.tool_call_ids(message) or dialect.tool_result_ids(message)) else ()
+        facts = (dialect.role(message), dialect.is_synthetic(message), parts, tools)
         if len(self._parts) >= self.max_entries:
             self._parts = {}
         self._parts[id(message)] = (message, dialect, facts)
@@ -781,9 +785,8 @@ def _tail_items(request: CompactionRequest) -> list[ArchivedItem]:
 _OMIT, _SKIM, _FULL = 0, 1, 2
 
 
-def _token_rates(request: CompactionRequest, items: Sequence[_Item]) -> list[float]:
-    """Tokens per character of each item's original message (from cached counts)."""
-    measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
+def _token_rates(items: Sequence[_Item], measured: Sequence[int]) -> list[float]:
+    """Tokens per character of each item's original message (``measured``: its tokens)."""
     rates = []
     for item, tokens in zip(items, measured):
         chars = sum(len(p.text) + len(p.name) for p in item.parts)
@@ -887,11 +890,8 @@ def _counted(request: CompactionRequest, context: _Context, blocks: Sequence[_Bl
     return text, tokens + MESSAGE_OVERHEAD
 
 
-def _report(
-    request: CompactionRequest, items: Sequence[_Item], blocks: Sequence[_Block],
-    forms: Sequence[int],
-) -> list[DroppedItem]:
-    tokens = request.meter.measure([request.messages[it.index] for it in items]).tokens
+def _report(items: Sequence[_Item], tokens: Sequence[int], blocks: Sequence[_Block],
+            forms: Sequence[int]) -> list[DroppedItem]:
     report = []
     for item, block, form, n in zip(items, blocks, forms, tokens):
         if form == _OMIT or not block.full:
