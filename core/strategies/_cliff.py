@@ -38,7 +38,7 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._archive import Archive, ArchivedItem, handle_of, open_archive
 from .._events import DroppedItem
@@ -284,7 +284,8 @@ class CliffStrategy:
         archive.put_many(out)
 
 
-class _Item(NamedTuple):
+@dataclass(slots=True)
+class _Item:  # not frozen: a frozen dataclass's __init__ costs several times more
     index: int
     role: str
     parts: tuple[Part, ...]
