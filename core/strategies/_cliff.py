@@ -402,7 +402,7 @@ class _Context:
             for p in item.parts if p.kind in ("tool_call", "tool_result"))
         key = (item.role, item.pinned, item.override, item.parts, self.turn(item.index),
                refs)
-        return self.blocks.entry(key)
+        return self.blocks.entry(key, item.parts)
 
     def skims_result(self, ref: str, caps: CliffLevel) -> bool:
         """True when the result of call ``ref`` is left out at ``caps``."""
@@ -497,18 +497,25 @@ class _Entry:
 class _BlockCache:
     """Renderings of items across calls (:meth:`_Context.entry` gives the key) for one
     tuple of ``levels`` (entries are by level index), bounded: emptied when it holds more
-    than ``max_entries`` items (plain dict operations, as :class:`_TextCache`)."""
+    than ``max_entries`` items or items of more than ``max_chars`` characters of text (a
+    rendering is at most about its item's size; plain dict operations, as
+    :class:`_TextCache`)."""
 
-    def __init__(self, levels: tuple[CliffLevel, ...] = (), max_entries: int = 8_192
-                 ) -> None:
-        self.levels, self.max_entries = levels, max_entries
+    def __init__(self, levels: tuple[CliffLevel, ...] = (), max_entries: int = 8_192,
+                 max_chars: int = 8_000_000) -> None:
+        self.levels, self.max_entries, self.max_chars = levels, max_entries, max_chars
         self._entries: dict[Any, _Entry] = {}
+        self._chars = 0
 
-    def entry(self, key: Any) -> _Entry:
+    def entry(self, key: Any, parts: Sequence[Part] = ()) -> _Entry:
+        """The entry under ``key``, a new one if absent (``parts``: the item's, counted
+        against ``max_chars``)."""
         found = self._entries.get(key)
         if found is None:
-            if len(self._entries) >= self.max_entries:
-                self._entries = {}
+            chars = sum(len(p.text) for p in parts)
+            self._chars += chars
+            if len(self._entries) >= self.max_entries or self._chars > self.max_chars:
+                self._entries, self._chars = {}, chars
             found = self._entries[key] = _Entry()
         return found
 

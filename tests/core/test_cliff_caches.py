@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 
 from agentcompact import get_dialect, new_plugin_manager, split_turns
 from agentcompact._tokens import MessageMeter, TiktokenCounter
+from agentcompact.dialects._base import Part
 from agentcompact.strategies import CompactionRequest, Rendered
 from agentcompact.strategies._cliff import (
     DEFAULT_LEVELS,
     CliffStrategy,
+    _BlockCache,
     _collect,
     _Context,
     _min_chars,
@@ -175,3 +177,16 @@ def test_counts_add_up_where_a_line_break_meets_a_bracket(encoding: str, head: s
     whole = counter.count_texts(["\n\n".join(texts)])[0]
     split = counter.count_texts([t + "\n\n" for t in texts[:-1]] + [texts[-1]])
     assert sum(split) == whole
+
+
+def test_the_block_cache_is_bounded_by_entries_and_characters() -> None:
+    cache = _BlockCache(max_entries=3, max_chars=100)
+    first = cache.entry("a", [Part("text", "x" * 40)])
+    assert cache.entry("a") is first
+    cache.entry("b", [Part("text", "x" * 40)])
+    assert cache.entry("a") is first  # 80 characters: kept
+    cache.entry("c", [Part("text", "x" * 40)])  # 120: emptied, then holds "c" only
+    assert cache.entry("a", [Part("text", "y")]) is not first
+    for key in "defg":
+        cache.entry(key)
+    assert len(cache._entries) <= 3
