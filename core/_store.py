@@ -14,9 +14,10 @@ The store is a cache: compaction is deterministic, so an evicted entry is recomp
 identically. ``InMemoryPrefixStore`` is an LRU bounded by entries and bytes; anything with
 ``get(key)`` / ``put(key, entry)`` works (e.g. a Redis-backed store for several proxy
 workers: entries round-trip through ``to_dict`` / ``from_dict``). A store may also expose
-an integer ``version`` that changes whenever an entry is added, replaced or removed: an
-engine then re-checks only the prefixes it has not checked since (``InMemoryPrefixStore``
-has one; without it every lookup checks every prefix length of the history).
+an integer ``version`` that changes whenever an entry is added, replaced or removed: a
+:class:`PrefixScan` (the engine's lookup) then re-checks only the prefixes it has not
+checked since (``InMemoryPrefixStore`` has one; without it every lookup checks every prefix
+length of the history).
 """
 
 from __future__ import annotations
@@ -103,6 +104,56 @@ class PrefixStore(Protocol):
     def get(self, key: str) -> PrefixEntry | None: ...
 
     def put(self, key: str, entry: PrefixEntry) -> None: ...
+
+
+class PrefixScan:
+    """The longest stored prefix of a history: the engine's lookup in one store.
+
+    Every prefix length is a candidate, longest first. With a store that has a ``version``,
+    the lengths the previous scan found empty are skipped while the version and the history
+    up to them are unchanged (the same answer: nothing was put since), so a call that adds
+    a message asks the store about that message only: O(1) per call at any history length.
+    Not thread-safe on its own (the engine calls it under its lock).
+    """
+
+    def __init__(self, store: PrefixStore) -> None:
+        self.store = store
+        # the last scan: (store version, n, chain key of n, length of the hit or 0)
+        self._memo: tuple[int, int, str, int] | None = None
+
+    def forget(self) -> None:
+        """Scan every prefix next time (the chain's seed changed)."""
+        self._memo = None
+
+    def find(self, chain: Sequence[str], n: int) -> PrefixEntry | None:
+        """The stored entry replacing the longest prefix of the first ``n`` messages whose
+        chain digests are ``chain`` (``entry.cut`` is its length)."""
+        get = self.store.get
+        version = getattr(self.store, "version", None)
+        memo = self._memo
+        low = 0
+        if (memo is not None and memo[0] == version and 0 < memo[1] <= n
+                and chain[memo[1] - 1] == memo[2]):
+            low = memo[1]
+        found: PrefixEntry | None = None
+        at = 0
+        for i in range(n, low, -1):
+            entry = get(chain[i - 1])
+            if entry is not None and entry.cut == i and entry.head_len <= i:
+                found, at = entry, i
+                break
+        else:
+            hit = memo[3] if low and memo is not None else 0
+            if hit:
+                entry = get(chain[hit - 1])
+                if entry is not None and entry.cut == hit and entry.head_len <= hit:
+                    found, at = entry, hit
+                else:  # removed without a version change: check every prefix
+                    self._memo = None
+                    return self.find(chain, n)
+        if version is not None and n:
+            self._memo = (version, n, chain[n - 1], at)
+        return found
 
 
 class InMemoryPrefixStore:

@@ -1,6 +1,7 @@
 """What the engine reuses from one call to the next gives exactly what a fresh engine
 computes from scratch: figures of messages shared with the previous call (the same
-objects, or byte-identical JSON parsed afresh), the prefix-store lookup that skips prefixes
+objects, or byte-identical JSON parsed afresh and given to ``compact_request``, whose
+``Interner`` maps them to the earlier objects), the prefix-store lookup that skips prefixes
 it already found empty, and the dialects' fast ``counted_text``."""
 
 from __future__ import annotations
@@ -93,6 +94,40 @@ def test_fresh_copies_with_edits_match_an_engine_starting_from_scratch(name: str
         assert outcome(ours.compact(ctx)) == outcome(fresh.compact(copy.deepcopy(ctx)))
         assert ours.count(ctx) == fresh.count(ctx)
         assert ours.context_tokens(ctx) == fresh.context_tokens(ctx)
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_bodies_parsed_afresh_match_an_engine_starting_from_scratch(name: str) -> None:
+    """``compact_request`` on bodies parsed afresh (edits, a shrunk and a branched history
+    among them) gives what a new engine gives, and sends the caller's own message objects,
+    never the earlier bodies' ones it measured them as."""
+    ours = engine(name)
+    scratch_store = InMemoryPrefixStore()
+    key = ours.dialect.messages_key
+    for ctx in edited_histories(name):
+        fresh = engine(name, store=scratch_store)
+        body, result = ours.compact_request({key: ctx})
+        expected = fresh.compact(copy.deepcopy(ctx))
+        assert outcome(result) == outcome(expected)
+        mine = {id(m) for m in ctx}
+        earlier = [m for m in body[key] if id(m) not in mine and any(
+            json.dumps(m, sort_keys=True) == json.dumps(c, sort_keys=True) for c in ctx)]
+        assert not earlier  # a message equal to one of ctx's is ctx's own object
+
+
+def test_interner_maps_byte_identical_messages_only_at_their_position() -> None:
+    from agentcompact._interner import Interner
+
+    first = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    interner = Interner()
+    assert interner.intern(first) == first
+    again = orjson.loads(orjson.dumps(first)) + [{"role": "user", "content": "c"}]
+    out = interner.intern(again)
+    assert out[0] is first[0] and out[1] is first[1] and out[2] is again[2]
+    reordered = {"content": "a", "role": "user"}  # equal, not byte-identical: measured
+    swapped = [reordered, {"role": "user", "content": "a"}]  # first's [0] at position 1
+    out = interner.intern(swapped)
+    assert out[0] is reordered and out[1] is swapped[1]
 
 
 @pytest.mark.parametrize("name", DIALECTS)
