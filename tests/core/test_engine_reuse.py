@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentcompact import (
     Budget,
@@ -21,6 +23,7 @@ from agentcompact import (
     hookimpl,
     new_plugin_manager,
 )
+from agentcompact._store import PrefixScan, chain_digests
 from agentcompact.dialects import Dialect
 
 from .histories import build, call_points
@@ -263,3 +266,24 @@ def test_counted_text_is_the_text_and_images_of_the_parts(name: str) -> None:
         assert Dialect.counted_text(dialect, message) == expected
         assert dialect.text_of(message) == expected[0]
         assert dialect.is_model_output(message) == (dialect.role(message) == "assistant")
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=0, max_size=12),
+                                st.lists(st.integers(1, 12), max_size=2)),
+                      min_size=1, max_size=12))
+def test_prefix_scan_finds_what_a_scan_of_every_length_finds(steps: Any) -> None:
+    """``PrefixScan`` skips lengths it found empty before (same version, same chain up to
+    them): histories that grow, shrink, branch and change their last message, with
+    entries put between the scans, give the longest stored prefix every time."""
+    store = InMemoryPrefixStore()
+    scan = PrefixScan(store)
+    for symbols, puts in steps:
+        chain = chain_digests([str(s) for s in symbols], seed="s")
+        n = len(chain)
+        expected = next((store.get(chain[i - 1]) for i in range(n, 0, -1)
+                         if store.get(chain[i - 1]) is not None), None)
+        assert scan.find(chain, n) is expected
+        for cut in puts:
+            if cut <= n:
+                store.put(chain[cut - 1], PrefixEntry(0, cut, {"cut": cut}, 1, "cliff"))
