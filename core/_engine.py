@@ -358,7 +358,9 @@ class Engine:
         self._warned = False
         self._warned_fixed = False
         self._min_budget = _min_budget(self._strategy)
-        self._plugins_key: tuple[int, ...] | None = None
+        self._plugins_key: tuple[Any, ...] | None = None
+        self._shaping_hooks = tuple(getattr(self._pm.hook, name) for name in _FINGERPRINT_HOOKS)
+        self._should_compact_hook = self._pm.hook.agentcompact_should_compact
         self._seed = ""
         self._refresh_seed()
 
@@ -399,8 +401,8 @@ class Engine:
 
     def _refresh_seed(self, force: bool = False) -> None:
         """Recompute the store seed when the plugins that shape the output changed."""
-        key = tuple(id(impl.function) for name in _FINGERPRINT_HOOKS
-                    for impl in getattr(self._pm.hook, name).get_hookimpls())
+        key = tuple(impl.function for caller in self._shaping_hooks
+                    for impl in caller.get_hookimpls())
         if not force and key == self._plugins_key:
             return
         self._plugins_key = key
@@ -610,7 +612,7 @@ class Engine:
         state = _State(self._lookup(view, n))
         before = state.tokens_at(view, n)
         events: list[CompactionEvent] = []
-        if not (force or self._should_compact(view, state, n)):           # decide
+        if not (force or self._should_compact(view, state, n, before)):   # decide
             return _Outcome(view, before, state, ())
         turns = split_turns(view.messages, self._dialect)
         points = [s for s in turns.starts if s > (state.entry.cut if state.entry else 0)]
@@ -928,10 +930,13 @@ class Engine:
         entry = state.entry
         out = state.messages_at(view, n)
         after = state.tokens_at(view, n)
-        compacted = any(e.fallback != "none" for e in events)
-        for event in events:                                                  # report
-            self._pm.hook.agentcompact_on_compaction(event=event)
-        failed = next((e for e in events if e.error), None)
+        compacted = False
+        failed = None
+        if events:
+            compacted = any(e.fallback != "none" for e in events)
+            for event in events:                                              # report
+                self._pm.hook.agentcompact_on_compaction(event=event)
+            failed = next((e for e in events if e.error), None)
         if failed is not None and not self._warned:
             self._warned = True
             log.warning("agentcompact: a %s compaction fell back to %s (%s); later fallbacks "
@@ -1008,10 +1013,13 @@ class Engine:
         with self._lock:
             return self._scan.find(view.chain, n)
 
-    def _should_compact(self, view: _View, state: _State, n: int) -> bool:
-        tokens = state.tokens_at(view, n)
-        if self._pm.hook.agentcompact_should_compact.get_hookimpls():
-            decided = self._pm.hook.agentcompact_should_compact(
+    def _should_compact(self, view: _View, state: _State, n: int, tokens: int | None = None
+                        ) -> bool:
+        if tokens is None:
+            tokens = state.tokens_at(view, n)
+        hook = self._should_compact_hook
+        if hook.get_hookimpls():
+            decided = hook(
                 messages=state.messages_at(view, n), tokens=tokens, budget=self._budget,
                 dialect=self._dialect,
             )
