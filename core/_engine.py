@@ -29,7 +29,6 @@ import functools
 import inspect
 import itertools
 import logging
-import operator
 import re
 import threading
 import time
@@ -43,7 +42,7 @@ import xxhash
 from ._budget import Budget
 from ._events import CompactionEvent, DroppedItem, new_id
 from ._fixed import FixedTokens
-from ._interner import Interner
+from ._interner import Interner, same_objects
 from ._markers import COMPACTION_HEADER
 from ._pluginmanager import get_plugin_manager, registry
 from ._settings import StrategySettings
@@ -987,12 +986,7 @@ class Engine:
         back the earlier objects for unchanged messages, and :class:`~agentcompact._interner.
         Interner` does for other callers parsing requests afresh). The rest is measured
         (``MessageMeter`` caches by identity and by digest)."""
-        old = last.messages
-        overlap = min(len(msgs), len(old))
-        if all(map(operator.is_, msgs, old)):  # C-speed scan; stops at the first difference
-            k = overlap
-        else:
-            k = next(i for i, (a, b) in enumerate(zip(msgs, old)) if a is not b)
+        k = same_objects(msgs, last.messages)
         digests = last.digests[:k]
         tokens = last.tokens[:k]
         if len(msgs) > k:

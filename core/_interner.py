@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import xxhash
 
-__all__ = ["Interner"]
+__all__ = ["Interner", "same_objects"]
 
 _UNIQUE: Any = object()  # a "digest" of a message not taken: equal to no real digest
 
@@ -43,10 +43,7 @@ class Interner:
         msgs = list(messages)
         old = self._last
         overlap = min(len(msgs), len(old))
-        if all(map(operator.is_, msgs, old)):  # C-speed scan; stops at the first difference
-            k = overlap
-        else:
-            k = next(i for i, (a, b) in enumerate(zip(msgs, old)) if a is not b)
+        k = same_objects(msgs, old)
         if k < overlap:
             raw = _raw_digests(msgs, k)
             old_raw = self._raw
@@ -67,6 +64,13 @@ class Interner:
 
     def forget(self) -> None:
         self._last, self._raw = [], None
+
+
+def same_objects(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items of ``a`` and ``b`` are the same objects (identity)."""
+    if all(map(operator.is_, a, b)):  # C-speed scan; stops at the first difference
+        return min(len(a), len(b))
+    return next(i for i, (x, y) in enumerate(zip(a, b)) if x is not y)
 
 
 def _raw_digests(messages: list[Any], start: int, end: int | None = None) -> list[Any]:
