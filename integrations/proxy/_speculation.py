@@ -17,6 +17,7 @@ from typing import Any
 
 from agentcompact._engine import Engine
 from agentcompact._tokens import MessageMeter
+from agentcompact.errors import ConfigError
 
 __all__ = ["Speculation"]
 
@@ -32,7 +33,7 @@ class Speculation:
         """Speculate about ``engine``, built with ``meter`` as its counter (its per-message
         cache of counts is what the token bound reads). Returns ``engine``."""
         if engine.counter is not meter.counter or engine.dialect is not meter.dialect:
-            raise ValueError("Speculation.watch: the meter is not the engine's counter")
+            raise ConfigError("Speculation.watch: the meter is not the engine's counter")
         self._meters[engine] = meter
         return engine
 

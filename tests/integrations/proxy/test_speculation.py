@@ -11,6 +11,7 @@ import pytest
 
 from agentcompact import Budget, Engine, PrefixEntry, get_dialect, hookimpl, new_plugin_manager
 from agentcompact._tokens import MessageMeter, make_counter
+from agentcompact.errors import ConfigError
 from agentcompact.integrations.proxy._speculation import Speculation
 
 from ...core.histories import build
@@ -96,5 +97,5 @@ def test_no_bound_for_an_engine_not_watched_or_a_meter_not_its_own() -> None:
     plain = Engine(strategy="cliff", dialect="openai_chat", plugins=new_plugin_manager())
     assert SPEC.token_bound(plain, [{"role": "user", "content": "hi"}]) is None
     other = MessageMeter(make_counter(None), get_dialect("openai_chat"))
-    with pytest.raises(ValueError, match="not the engine's counter"):
+    with pytest.raises(ConfigError, match="not the engine's counter"):
         Speculation().watch(plain, other)
