@@ -68,11 +68,11 @@ def scale() -> None:
         same.append(time.perf_counter() - t0)
     blob = orjson.dumps(msgs)
     parsed = orjson.loads(blob)
-    e.compact(parsed)
-    for step in range(10):
+    e.compact_request({"messages": parsed})
+    for step in range(10):  # a server's bodies, parsed afresh: compact_request
         parsed = orjson.loads(blob) + [{"role": "user", "content": f"again {step}"}]
         t0 = time.perf_counter()
-        e.compact(parsed)
+        e.compact_request({"messages": parsed})
         fresh.append(time.perf_counter() - t0)
     print(f"1M-token history ({e.count(msgs):,} tokens, {len(msgs):,} messages), one message "
           f"added: same objects {statistics.median(same) * 1e3:.3f} ms/call (p50), "

@@ -10,8 +10,8 @@ order, through both engines, each incrementally as a live proxy or agent would c
 - whether every output passes ``agentcompact.validate``.
 
 Two input modes: ``objects`` (the same message objects every call, as in-process
-integrations pass them) and ``json`` (each call parses a fresh copy, as a proxy sees them;
-the parse is not timed).
+integrations pass them) and ``json`` (each call parses a fresh copy, as a server sees them,
+and hands it to ``Engine.compact_request``; the parse is not timed).
 
 The two engines are called alternately, call by call, so each runs with the caches the
 other (and the measuring in between) left behind, as in a process doing other work.
@@ -73,7 +73,10 @@ def run_session(messages: list[Any], dialect_name: str, trigger: int, mode: str,
         context = orjson.loads(blob)[:c] if mode == "json" else messages[:c]
         context2 = orjson.loads(blob)[:c] if mode == "json" else messages[:c]
         t0 = clock()
-        sent = ours.compact(context).messages
+        if mode == "json":  # a body parsed afresh: the API for it
+            sent = ours.compact_request({"messages": context})[1].messages
+        else:
+            sent = ours.compact(context).messages
         a.times.append(clock() - t0)
         body = {"messages": context2}
         t0 = clock()

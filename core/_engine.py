@@ -29,7 +29,6 @@ import functools
 import inspect
 import itertools
 import logging
-import operator
 import re
 import threading
 import time
@@ -37,19 +36,20 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec
 
-import orjson
 import pluggy
 import xxhash
 
 from ._budget import Budget
 from ._events import CompactionEvent, DroppedItem, new_id
+from ._fixed import FixedTokens
+from ._interner import Interner, same_objects
 from ._markers import COMPACTION_HEADER
 from ._pluginmanager import get_plugin_manager, registry
 from ._settings import StrategySettings
-from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore, chain_digests
+from ._store import InMemoryPrefixStore, PrefixEntry, PrefixScan, PrefixStore, chain_digests
 from ._tokens import MessageMeter, TokenCounter, make_counter
 from ._turns import loop_start, problems, split_turns, starts_with_thinking, thinking_loop_error
-from .dialects._base import Dialect, json_text
+from .dialects._base import Dialect
 from .errors import AgentCompactError, ConfigError, DialectError, OverBudgetError, PluginError
 from .strategies._base import CompactionRequest, Rendered
 from .strategies._cliff import CliffStrategy
@@ -99,7 +99,6 @@ class _View:
     chain: list[str]
     prefix: list[int]  # prefix[i] = tokens of messages[:i]
     fixed: int = 0  # tokens sent besides the messages (system prompt, tool schemas)
-    raw: list[Any] | None = None  # digests of each message's JSON as sent, if taken
 
 
 @dataclass
@@ -352,15 +351,15 @@ class Engine:
         self._episode_id = episode_id
         self._lock = threading.RLock()
         self._last_view: _View | None = None
-        # the last prefix-store lookup: (store, its version, n, chain key of n, hit length)
-        self._scan: tuple[Any, int, int, str, int] | None = None
-        self._by_json = type(self._dialect).digest is Dialect.digest
-        self._fixed_cache: dict[str, int] = {}
-        self._fixed_last: tuple[tuple[Any, Any, Any], int] | None = None
+        self._scan = PrefixScan(self._store)
+        self._interner = Interner()
+        self._fixed = FixedTokens(self._counter)
         self._warned = False
         self._warned_fixed = False
         self._min_budget = _min_budget(self._strategy)
-        self._plugins_key: tuple[int, ...] | None = None
+        self._plugins_key: tuple[Any, ...] | None = None
+        self._shaping_hooks = tuple(getattr(self._pm.hook, name) for name in _FINGERPRINT_HOOKS)
+        self._should_compact_hook = self._pm.hook.agentcompact_should_compact
         self._seed = ""
         self._refresh_seed()
 
@@ -401,8 +400,8 @@ class Engine:
 
     def _refresh_seed(self, force: bool = False) -> None:
         """Recompute the store seed when the plugins that shape the output changed."""
-        key = tuple(id(impl.function) for name in _FINGERPRINT_HOOKS
-                    for impl in getattr(self._pm.hook, name).get_hookimpls())
+        key = tuple(impl.function for caller in self._shaping_hooks
+                    for impl in caller.get_hookimpls())
         if not force and key == self._plugins_key:
             return
         self._plugins_key = key
@@ -411,7 +410,7 @@ class Engine:
         if seed != self._seed:
             self._seed = seed
             self._last_view = None
-            self._scan = None
+            self._scan.forget()
 
     # --- configuration, read back ----------------------------------------------------
     @property
@@ -474,46 +473,31 @@ class Engine:
         """Compact a provider request body; returns (body to send, result).
 
         The body is returned unchanged (same object) when nothing was modified. The
-        system prompt, instructions and tool schemas count against the budget.
+        system prompt, instructions and tool schemas count against the budget. A body
+        parsed afresh costs what is new in it: messages byte-identical to the previous
+        body's at the same position are measured as those (``agentcompact._interner``).
         """
-        result = self.compact(self._dialect.messages_of(body), force=force,
-                              fixed_tokens=self.fixed_tokens(body))
+        messages = self._dialect.messages_of(body)
+        interned = messages
+        if isinstance(messages, (list, tuple)):
+            with self._lock:
+                interned = self._interner.intern(messages)
+        result = self.compact(interned, force=force, fixed_tokens=self.fixed_tokens(body))
         if not result.modified:
             return body, result
+        theirs = {id(a): b for a, b in zip(interned, messages) if a is not b}
+        if theirs:  # the caller's own objects in what is sent
+            result.messages = [theirs.get(id(m), m) for m in result.messages]
         return self._dialect.with_messages(body, result.messages), result
 
     def fixed_tokens(self, body: dict[str, Any]) -> int:
         """Tokens of a request body besides its messages: system, instructions, tools.
 
-        Remembered by content, and by identity for the last body's values (a proxy's next
-        request shares them when unchanged: Claude Code's ~80 kB of tools are then not
-        serialized again). Like messages, the values are taken as immutable once counted.
+        Remembered by content, and by identity for the last body's values
+        (``agentcompact._fixed``). Like messages, the values are taken as immutable once
+        counted.
         """
-        values = (body.get("system"), body.get("instructions"), body.get("tools"))
-        last = self._fixed_last
-        if last is not None and all(map(operator.is_, values, last[0])):
-            return last[1]
-        texts = [value if isinstance(value, str) else json_text(value)
-                 for value in values if value]
-        cached = 0
-        if texts:
-            key = "\x00".join(texts)
-            found = self._fixed_cache.get(key)
-            if found is None:
-                found = sum(self._counter.count_texts(texts))
-                if len(self._fixed_cache) > 256:
-                    self._fixed_cache.clear()
-                self._fixed_cache[key] = found
-            cached = found
-        self._fixed_last = (values, cached)
-        return cached
-
-    def _token_bound(self, messages: Sequence[Any]) -> int | None:
-        """Private but stable, for the proxy's speculation (integrations/proxy/_speculation.py):
-        an upper bound on :meth:`count` of ``messages`` without tokenizing the ones not
-        counted yet, or ``None`` when the counter gives no such bound."""
-        with self._lock:
-            return self._meter.bound(messages)
+        return self._fixed.count(body)
 
     def count(self, messages: Sequence[Any]) -> int:
         """Tokens of ``messages`` in this engine's counter (cached per message)."""
@@ -627,7 +611,7 @@ class Engine:
         state = _State(self._lookup(view, n))
         before = state.tokens_at(view, n)
         events: list[CompactionEvent] = []
-        if not (force or self._should_compact(view, state, n)):           # decide
+        if not (force or self._should_compact(view, state, n, before)):   # decide
             return _Outcome(view, before, state, ())
         turns = split_turns(view.messages, self._dialect)
         points = [s for s in turns.starts if s > (state.entry.cut if state.entry else 0)]
@@ -945,10 +929,13 @@ class Engine:
         entry = state.entry
         out = state.messages_at(view, n)
         after = state.tokens_at(view, n)
-        compacted = any(e.fallback != "none" for e in events)
-        for event in events:                                                  # report
-            self._pm.hook.agentcompact_on_compaction(event=event)
-        failed = next((e for e in events if e.error), None)
+        compacted = False
+        failed = None
+        if events:
+            compacted = any(e.fallback != "none" for e in events)
+            for event in events:                                              # report
+                self._pm.hook.agentcompact_on_compaction(event=event)
+            failed = next((e for e in events if e.error), None)
         if failed is not None and not self._warned:
             self._warned = True
             log.warning("agentcompact: a %s compaction fell back to %s (%s); later fallbacks "
@@ -994,45 +981,16 @@ class Engine:
         return view
 
     def _extend_view(self, last: _View, msgs: list[Any]) -> _View:
-        """The view of ``msgs``, reusing ``last``'s figures for the messages they share.
-
-        Shared are the leading messages that are the same objects (an in-process agent's
-        growing list), then, position by position, messages whose JSON is byte-identical
-        to the previous call's (a request parsed afresh, as a proxy sees it): byte-identical
-        JSON has the same digest, so these reuse the digest and the count the meter would
-        return (``MessageMeter`` caches counts by digest). Only with the canonical JSON
-        digest (a dialect with its own ``digest`` is always measured). Everything else is
-        measured.
-        """
-        old = last.messages
-        overlap = min(len(msgs), len(old))
-        if all(map(operator.is_, msgs, old)):  # C-speed scan; stops at the first difference
-            k = overlap
-        else:
-            k = next(i for i, (a, b) in enumerate(zip(msgs, old)) if a is not b)
+        """The view of ``msgs``, reusing ``last``'s figures for the leading messages that
+        are the same objects (an in-process agent's growing list; the proxy's parser hands
+        back the earlier objects for unchanged messages, and :class:`~agentcompact._interner.
+        Interner` does for other callers parsing requests afresh). The rest is measured
+        (``MessageMeter`` caches by identity and by digest)."""
+        k = same_objects(msgs, last.messages)
         digests = last.digests[:k]
         tokens = last.tokens[:k]
-        raw: list[Any] | None = None
-        if k < overlap and self._by_json:  # other objects: compare JSON, position by position
-            raw = _raw_digests(msgs, k)
-            old_raw = last.raw
-            if old_raw is None:
-                old_raw = last.raw = [_UNIQUE] * k + _raw_digests(old, k, overlap)
-            same = list(map(operator.eq, raw[: overlap - k], old_raw[k:overlap]))
-            raw[:0] = old_raw[:k]
-            if all(same):
-                digests += last.digests[k:overlap]
-                tokens += last.tokens[k:overlap]
-            else:
-                todo = [i for i, s in enumerate(same, k) if not s]
-                m = self._meter.measure([msgs[i] for i in todo])
-                remeasured = iter(zip(m.digests, m.tokens))
-                for i, s in enumerate(same, k):
-                    d, t = (last.digests[i], last.tokens[i]) if s else next(remeasured)
-                    digests.append(d)
-                    tokens.append(t)
-        if len(msgs) > len(digests):
-            measured = self._meter.measure(msgs[len(digests):])
+        if len(msgs) > k:
+            measured = self._meter.measure(msgs[k:])
             digests += measured.digests
             tokens += measured.tokens
         # the chain and the prefix sums are recomputed from the first changed message
@@ -1042,51 +1000,20 @@ class Engine:
         prefix = last.prefix[: t + 1]
         prefix += itertools.accumulate(tokens[t:], initial=prefix[-1])
         del prefix[t + 1]
-        view = _View(msgs, digests, tokens, chain, prefix)
-        view.raw = raw
-        return view
+        return _View(msgs, digests, tokens, chain, prefix)
 
     def _lookup(self, view: _View, n: int) -> PrefixEntry | None:
-        """The stored entry replacing the longest prefix of ``view.messages[:n]``.
+        """The stored entry replacing the longest prefix of ``view.messages[:n]``."""
+        with self._lock:
+            return self._scan.find(view.chain, n)
 
-        Every prefix length is checked, longest first. With a versioned store, the prefix
-        lengths the previous lookup found empty are skipped while the store's version and
-        the history up to them are unchanged (same answer: nothing was put since).
-        """
-        store = self._store
-        get = store.get
-        chain = view.chain
-        version = getattr(store, "version", None)
-        low = 0
-        memo = self._scan
-        if (version is not None and memo is not None and memo[0] is store
-                and memo[1] == version and 0 < memo[2] <= n and chain[memo[2] - 1] == memo[3]):
-            low = memo[2]
-        found: PrefixEntry | None = None
-        at = 0
-        for i in range(n, low, -1):
-            entry = get(chain[i - 1])
-            if entry is not None and entry.cut == i and entry.head_len <= i:
-                found, at = entry, i
-                break
-        else:
-            if low:
-                hit = memo[4]  # type: ignore[index]
-                if hit:
-                    entry = get(chain[hit - 1])
-                    if entry is not None and entry.cut == hit and entry.head_len <= hit:
-                        found, at = entry, hit
-                    else:  # removed without a version change: check every prefix
-                        self._scan = None
-                        return self._lookup(view, n)
-        if version is not None and n:
-            self._scan = (store, version, n, chain[n - 1], at)
-        return found
-
-    def _should_compact(self, view: _View, state: _State, n: int) -> bool:
-        tokens = state.tokens_at(view, n)
-        if self._pm.hook.agentcompact_should_compact.get_hookimpls():
-            decided = self._pm.hook.agentcompact_should_compact(
+    def _should_compact(self, view: _View, state: _State, n: int, tokens: int | None = None
+                        ) -> bool:
+        if tokens is None:
+            tokens = state.tokens_at(view, n)
+        hook = self._should_compact_hook
+        if hook.get_hookimpls():
+            decided = hook(
                 messages=state.messages_at(view, n), tokens=tokens, budget=self._budget,
                 dialect=self._dialect,
             )
@@ -1104,25 +1031,6 @@ def _common(a: list[Any], b: list[Any], k: int) -> int:
     if a[k:m] == b[k:m]:  # list compares run in C (identity first)
         return m
     return next(i for i in range(k, m) if a[i] != b[i])
-
-
-_UNIQUE: Any = object()  # a "digest" equal to nothing else: not known / not JSON-able
-
-
-def _raw_digests(messages: list[Any], start: int, end: int | None = None) -> list[Any]:
-    """Digests of the JSON of ``messages[start:end]`` as it is (key order kept);
-    ``_UNIQUE`` for a message that is not JSON-able."""
-    items = messages[start:end]
-    try:
-        return list(map(xxhash.xxh3_128_intdigest, map(orjson.dumps, items)))
-    except TypeError:
-        out: list[Any] = []
-        for message in items:
-            try:
-                out.append(xxhash.xxh3_128_intdigest(orjson.dumps(message)))
-            except TypeError:
-                out.append(object())
-        return out
 
 
 _SUMMARY_OVERHEAD = 32  # tokens of a summary message besides its output (header, framing)

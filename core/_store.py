@@ -14,9 +14,10 @@ The store is a cache: compaction is deterministic, so an evicted entry is recomp
 identically. ``InMemoryPrefixStore`` is an LRU bounded by entries and bytes; anything with
 ``get(key)`` / ``put(key, entry)`` works (e.g. a Redis-backed store for several proxy
 workers: entries round-trip through ``to_dict`` / ``from_dict``). A store may also expose
-an integer ``version`` that changes whenever an entry is added, replaced or removed: an
-engine then re-checks only the prefixes it has not checked since (``InMemoryPrefixStore``
-has one; without it every lookup checks every prefix length of the history).
+an integer ``version`` that changes whenever an entry is added, replaced or removed: a
+:class:`PrefixScan` (the engine's lookup) then re-checks only the prefixes it has not
+checked since (``InMemoryPrefixStore`` has one; without it every lookup checks every prefix
+length of the history).
 """
 
 from __future__ import annotations
@@ -103,6 +104,75 @@ class PrefixStore(Protocol):
     def get(self, key: str) -> PrefixEntry | None: ...
 
     def put(self, key: str, entry: PrefixEntry) -> None: ...
+
+
+class PrefixScan:
+    """The longest stored prefix of a history: the engine's lookup in one store.
+
+    Every prefix length is a candidate, longest first. With a store that has a ``version``,
+    the lengths the previous scan found empty are skipped while the version is unchanged
+    and the history up to them is the same (the same answer: nothing was put since): a call
+    that adds a message asks the store about that message only, and one that changes or
+    replaces later messages (a request parsed afresh with another last message, an edit)
+    about the lengths from the first changed message on. O(1) store lookups per appended
+    message at any history length. Not thread-safe on its own (the engine calls it under
+    its lock).
+    """
+
+    def __init__(self, store: PrefixStore) -> None:
+        self.store = store
+        # the last scan: (store version, its chain, n, length of the hit or 0)
+        self._memo: tuple[int, Sequence[str], int, int] | None = None
+
+    def forget(self) -> None:
+        """Scan every prefix next time (the chain's seed changed)."""
+        self._memo = None
+
+    def find(self, chain: Sequence[str], n: int) -> PrefixEntry | None:
+        """The stored entry replacing the longest prefix of the first ``n`` messages whose
+        chain digests are ``chain`` (``entry.cut`` is its length). ``chain`` is kept for
+        the next scan: it must not be changed afterwards."""
+        get = self.store.get
+        version = getattr(self.store, "version", None)
+        memo = self._memo
+        low = hit = 0
+        if memo is not None and memo[0] == version:
+            shared = _shared_length(chain, memo[1], min(n, memo[2]))
+            if memo[3] <= shared:  # the lengths up to ``shared`` were all checked then
+                low, hit = shared, memo[3]
+        found: PrefixEntry | None = None
+        at = 0
+        for i in range(n, low, -1):
+            entry = get(chain[i - 1])
+            if entry is not None and entry.cut == i and entry.head_len <= i:
+                found, at = entry, i
+                break
+        else:
+            if hit:
+                entry = get(chain[hit - 1])
+                if entry is not None and entry.cut == hit and entry.head_len <= hit:
+                    found, at = entry, hit
+                else:  # removed without a version change: check every prefix
+                    self._memo = None
+                    return self.find(chain, n)
+        if version is not None and n:
+            self._memo = (version, chain, n, at)
+        return found
+
+
+def _shared_length(a: Sequence[str], b: Sequence[str], limit: int) -> int:
+    """The longest ``m <= limit`` with ``a[m-1] == b[m-1]``: chain digests, so equal at
+    ``m-1`` means equal before it too (a binary search, O(log limit))."""
+    if limit <= 0 or a[limit - 1] == b[limit - 1]:
+        return max(limit, 0)
+    lo, hi = 0, limit  # a[:lo] == b[:lo]; a[hi-1] != b[hi-1]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[mid - 1] == b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class InMemoryPrefixStore:

@@ -178,6 +178,7 @@ class MessageMeter:
         self._max = max_entries
         self._by_id: OrderedDict[int, tuple[Any, str, int]] = OrderedDict()
         self._by_digest: OrderedDict[str, int] = OrderedDict()
+        self._count_of_made: tuple[Dialect, Any] | None = None  # (dialect, _count_of())
 
     def clear(self) -> None:
         self._by_id.clear()
@@ -262,6 +263,9 @@ class MessageMeter:
         message the dialect does not model (``is_opaque``: counted from its JSON, its real
         size, not a placeholder) or cannot read (a lone surrogate, JSON nested deeper
         than orjson takes: counted from its JSON as :func:`safe_json` writes it)."""
+        made = self._count_of_made
+        if made is not None and made[0] is self.dialect:
+            return made[1]
         from .dialects._base import json_text
 
         counted = getattr(self.dialect, "counted_text", None) or self._counted_text
@@ -278,6 +282,7 @@ class MessageMeter:
                     return json_text(message), 0
                 except TypeError:
                     return repr(type(message)), 0
+        self._count_of_made = (self.dialect, count_of)
         return count_of
 
     def _counted_text(self, message: Any) -> tuple[str, int]:

@@ -127,6 +127,8 @@ class EnginePool:
         #: tokens each engine sent last time (to tell a quiet request from a likely cliff)
         self.sent_tokens: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        #: what the proxy can know about its engines before they measure (token bounds)
+        self.speculation = Speculation()
         self.is_async = hasattr(self._new(ANTHROPIC, "startup").strategy, "acompact")
 
     def get(self, dialect: str, session: str) -> Engine:
@@ -162,12 +164,11 @@ class EnginePool:
 
     def _new(self, dialect: str, session: str) -> Engine:
         strategy = StrategySettings(self.config.strategy, options=self.config.strategy_options)
+        meter = MessageMeter(self.counter, self.dialects[dialect], max_entries=_METER_ENTRIES)
         engine = Engine(strategy=strategy, dialect=self.dialects[dialect],
-                        budget=self.budget, store=self.store,
-                        counter=MessageMeter(self.counter, self.dialects[dialect],
-                                             max_entries=_METER_ENTRIES),
+                        budget=self.budget, store=self.store, counter=meter,
                         plugins=self.pm, episode_id=session)
-        return engine
+        return self.speculation.watch(engine, meter)
 
 
 class CompactionProxy:
@@ -199,7 +200,7 @@ class CompactionProxy:
         #: one of them may be completed before it is measured (``_release_if_bounded``)
         self._unchanged: weakref.WeakKeyDictionary[Parsed, tuple[int, int | None, int]] = (
             weakref.WeakKeyDictionary())
-        self._speculation = Speculation()
+        self._speculation = self.engines.speculation
 
     # --- lifecycle ----------------------------------------------------------------
     async def aclose(self) -> None:

@@ -1,6 +1,7 @@
 """What the engine reuses from one call to the next gives exactly what a fresh engine
 computes from scratch: figures of messages shared with the previous call (the same
-objects, or byte-identical JSON parsed afresh), the prefix-store lookup that skips prefixes
+objects, or byte-identical JSON parsed afresh and given to ``compact_request``, whose
+``Interner`` maps them to the earlier objects), the prefix-store lookup that skips prefixes
 it already found empty, and the dialects' fast ``counted_text``."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentcompact import (
     Budget,
@@ -20,6 +23,7 @@ from agentcompact import (
     hookimpl,
     new_plugin_manager,
 )
+from agentcompact._store import PrefixScan, chain_digests
 from agentcompact.dialects import Dialect
 
 from .histories import build, call_points
@@ -93,6 +97,40 @@ def test_fresh_copies_with_edits_match_an_engine_starting_from_scratch(name: str
         assert outcome(ours.compact(ctx)) == outcome(fresh.compact(copy.deepcopy(ctx)))
         assert ours.count(ctx) == fresh.count(ctx)
         assert ours.context_tokens(ctx) == fresh.context_tokens(ctx)
+
+
+@pytest.mark.parametrize("name", DIALECTS)
+def test_bodies_parsed_afresh_match_an_engine_starting_from_scratch(name: str) -> None:
+    """``compact_request`` on bodies parsed afresh (edits, a shrunk and a branched history
+    among them) gives what a new engine gives, and sends the caller's own message objects,
+    never the earlier bodies' ones it measured them as."""
+    ours = engine(name)
+    scratch_store = InMemoryPrefixStore()
+    key = ours.dialect.messages_key
+    for ctx in edited_histories(name):
+        fresh = engine(name, store=scratch_store)
+        body, result = ours.compact_request({key: ctx})
+        expected = fresh.compact(copy.deepcopy(ctx))
+        assert outcome(result) == outcome(expected)
+        mine = {id(m) for m in ctx}
+        earlier = [m for m in body[key] if id(m) not in mine and any(
+            json.dumps(m, sort_keys=True) == json.dumps(c, sort_keys=True) for c in ctx)]
+        assert not earlier  # a message equal to one of ctx's is ctx's own object
+
+
+def test_interner_maps_byte_identical_messages_only_at_their_position() -> None:
+    from agentcompact._interner import Interner
+
+    first = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    interner = Interner()
+    assert interner.intern(first) == first
+    again = orjson.loads(orjson.dumps(first)) + [{"role": "user", "content": "c"}]
+    out = interner.intern(again)
+    assert out[0] is first[0] and out[1] is first[1] and out[2] is again[2]
+    reordered = {"content": "a", "role": "user"}  # equal, not byte-identical: measured
+    swapped = [reordered, {"role": "user", "content": "a"}]  # first's [0] at position 1
+    out = interner.intern(swapped)
+    assert out[0] is reordered and out[1] is swapped[1]
 
 
 @pytest.mark.parametrize("name", DIALECTS)
@@ -228,3 +266,24 @@ def test_counted_text_is_the_text_and_images_of_the_parts(name: str) -> None:
         assert Dialect.counted_text(dialect, message) == expected
         assert dialect.text_of(message) == expected[0]
         assert dialect.is_model_output(message) == (dialect.role(message) == "assistant")
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=0, max_size=12),
+                                st.lists(st.integers(1, 12), max_size=2)),
+                      min_size=1, max_size=12))
+def test_prefix_scan_finds_what_a_scan_of_every_length_finds(steps: Any) -> None:
+    """``PrefixScan`` skips lengths it found empty before (same version, same chain up to
+    them): histories that grow, shrink, branch and change their last message, with
+    entries put between the scans, give the longest stored prefix every time."""
+    store = InMemoryPrefixStore()
+    scan = PrefixScan(store)
+    for symbols, puts in steps:
+        chain = chain_digests([str(s) for s in symbols], seed="s")
+        n = len(chain)
+        expected = next((store.get(chain[i - 1]) for i in range(n, 0, -1)
+                         if store.get(chain[i - 1]) is not None), None)
+        assert scan.find(chain, n) is expected
+        for cut in puts:
+            if cut <= n:
+                store.put(chain[cut - 1], PrefixEntry(0, cut, {"cut": cut}, 1, "cliff"))

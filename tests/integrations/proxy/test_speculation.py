@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentcompact import Budget, Engine, PrefixEntry, hookimpl, new_plugin_manager
+import pytest
+
+from agentcompact import Budget, Engine, PrefixEntry, get_dialect, hookimpl, new_plugin_manager
+from agentcompact._tokens import MessageMeter, make_counter
+from agentcompact.errors import ConfigError
 from agentcompact.integrations.proxy._speculation import Speculation
 
 from ...core.histories import build
@@ -18,10 +22,12 @@ PLAN = [(60, [1500, 200], 0), (40, [3000], 80), (0, [800, 800, 800], 0)] * 4
 SPEC = Speculation()
 
 
-def engine(trigger: int, **kw: Any) -> Engine:
+def engine(trigger: int, counter: Any = None, **kw: Any) -> Engine:
+    """An engine as the proxy builds one: with a meter of its own, watched by ``SPEC``."""
     kw.setdefault("plugins", new_plugin_manager())
-    return Engine(strategy="cliff", dialect="openai_chat",
-                  budget=Budget(trigger_tokens=trigger), **kw)
+    meter = MessageMeter(make_counter(counter), get_dialect("openai_chat"))
+    return SPEC.watch(Engine(strategy="cliff", dialect="openai_chat",
+                             budget=Budget(trigger_tokens=trigger), counter=meter, **kw), meter)
 
 
 def test_certificate_agrees_with_compact_on_a_growing_session() -> None:
@@ -83,3 +89,13 @@ def test_no_certificate_when_a_plugin_decides_compaction() -> None:
 def test_token_bound_is_none_for_a_counter_without_the_promise() -> None:
     e = engine(trigger=100_000, counter=OpaqueCounter())
     assert SPEC.token_bound(e, [{"role": "user", "content": "hi"}]) is None
+
+
+def test_no_bound_for_an_engine_not_watched_or_a_meter_not_its_own() -> None:
+    """The bound reads the meter the engine counts with: an engine built without one the
+    speculation knows gets no bound, and a meter of another engine is refused."""
+    plain = Engine(strategy="cliff", dialect="openai_chat", plugins=new_plugin_manager())
+    assert SPEC.token_bound(plain, [{"role": "user", "content": "hi"}]) is None
+    other = MessageMeter(make_counter(None), get_dialect("openai_chat"))
+    with pytest.raises(ConfigError, match="not the engine's counter"):
+        Speculation().watch(plain, other)
