@@ -163,13 +163,22 @@ def _retrieved(task: asyncio.Task[ProxiedResponse]) -> None:
 
 
 class UpstreamClient:
-    """A keep-alive connection pool to the upstreams, created in the serving event loop."""
+    """A keep-alive connection pool to the upstreams, created in the serving event loop.
 
-    def __init__(self, connect_timeout: float, read_timeout: float) -> None:
+    :param direct: the client of direct upstreams, ``"h1"`` (the default, and the only one
+        the proxy itself uses) or ``"aiohttp"``. Private to the benchmark and the tests:
+        ``benchmarks/proxy_claude_code.py --client h1,aiohttp`` runs one proxy with each,
+        side by side, for the figure that keeps :mod:`._h1` (the module docstring); no
+        option or environment variable of the proxy sets it."""
+
+    def __init__(self, connect_timeout: float, read_timeout: float, *,
+                 direct: str = "h1") -> None:
+        if direct not in ("h1", "aiohttp"):
+            raise ValueError(f"direct client {direct!r}: expected 'h1' or 'aiohttp'")
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._session: aiohttp.ClientSession | None = None
-        self._direct = H1Client(connect_timeout, read_timeout)
+        self._direct = H1Client(connect_timeout, read_timeout) if direct == "h1" else None
         self._env_proxies = urllib.request.getproxies()
         self._proxy_for: dict[tuple[str, str], str | None] = {}
 
@@ -197,7 +206,7 @@ class UpstreamClient:
                    content: bytes) -> UpstreamResponse:
         """Send a request; return once the response headers are in."""
         target, proxy = self.route(url)
-        if proxy is not None:
+        if proxy is not None or self._direct is None:
             return await self._send(method, target, proxy, headers, content)
         try:
             return await self._direct.send(method, url, headers, content)
@@ -219,7 +228,7 @@ class UpstreamClient:
             return None
         try:
             target, proxy = self.route(url)
-            if proxy is not None:
+            if proxy is not None or self._direct is None:
                 return ProxiedHeld(self, method, target, proxy, headers, length)
             return await self._direct.hold(method, url, headers, length)
         except (UpstreamError, ValueError):
@@ -261,7 +270,8 @@ class UpstreamClient:
         return ProxiedResponse(response)
 
     async def aclose(self) -> None:
-        await self._direct.aclose()
+        if self._direct is not None:
+            await self._direct.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None
