@@ -149,16 +149,14 @@ def work(full: list[dict[str, Any]], points: list[int], warmup: int, trigger: in
          ) -> dict[str, float]:
     """agentcompact's own per-request work, in process (no HTTP), p50 and p99."""
     from agentcompact.integrations.proxy import ProxyConfig
-    from agentcompact.integrations.proxy._app import CompactionProxy, _Plan
-    from agentcompact.integrations.proxy._observe import ExchangeLog
+    from agentcompact.integrations.proxy._app import CompactionProxy
 
     proxy = CompactionProxy(ProxyConfig(trigger=trigger, log_requests=False))
     times: list[float] = []
     for step, point in enumerate(points):
         raw = body(full[:point])
         t0 = time.perf_counter()
-        plan = _Plan("anthropic", raw, raw, ExchangeLog("/v1/messages", "anthropic"))
-        proxy._prepare_sync(plan, {}, None)
+        proxy._prepare_here("/v1/messages", "anthropic", raw, {})
         if step >= warmup:
             times.append(time.perf_counter() - t0)
     reuse = proxy.bodies
