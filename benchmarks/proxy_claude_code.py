@@ -23,7 +23,7 @@ the part that must stay O(new bytes).
 
     TIKTOKEN_CACHE_DIR=... python benchmarks/proxy_claude_code.py [--sizes 200000,1000000,3000000]
         [--steps 20] [--warmup 3] [--no-cliff] [--buffered] [--link-mbps 1000]
-        [--upstream sink|sim] [--client h1,aiohttp]
+        [--upstream sink|sim]
 """
 
 from __future__ import annotations
@@ -138,9 +138,9 @@ def measure(size: int, steps: int, warmup: int, names: list[str], upstream_role:
     for name in names:
         added = [a - d for a, d in zip(times[name], times["direct"], strict=True)]
         out[f"{name}_p50"], out[f"{name}_p99"] = _p(added, 0.5), _p(added, 0.99)
-    if "ours" in times and "ours:aiohttp" in times:  # what h1 saves, paired step by step
-        saved = [a - h for a, h in zip(times["ours:aiohttp"], times["ours"], strict=True)]
-        out["h1_saves_p50"], out["h1_saves_p99"] = _p(saved, 0.5), _p(saved, 0.99)
+    if "ours:buffered" in times:  # what held forwarding saves, paired step by step
+        saved = [b - h for b, h in zip(times["ours:buffered"], times["ours"], strict=True)]
+        out["held_saves_p50"], out["held_saves_p99"] = _p(saved, 0.5), _p(saved, 0.99)
     out.update(work(full, points, warmup, trigger))
     return out
 
@@ -173,10 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buffered", action="store_true",
                         help="also a proxy that sends a body on only once it is all in "
                              "(ours:buffered), side by side with ours (sent as it arrives)")
-    parser.add_argument("--client", default="h1",
-                        help="the upstream client(s) of agentcompact's proxy for direct "
-                             "upstreams, one proxy each, side by side: h1 (its own HTTP/1.1 "
-                             "client, 'ours') and/or aiohttp ('ours:aiohttp'); e.g. h1,aiohttp")
     parser.add_argument("--upstream", choices=("sink", "sim"), default="sink",
                         help="sink: reads the body and answers at once (default); sim: the "
                              "upstream simulator, which also counts the body's tokens")
@@ -185,18 +181,13 @@ def main(argv: list[str] | None = None) -> int:
                              "across a network; default 0: loopback speed)")
     args = parser.parse_args(argv)
     proxy_latency.Role.http, proxy_latency.Role.loop = proxy_latency.SERVERS["fast"]
-    clients = [c for c in args.client.split(",") if c]
-    unknown = sorted(set(clients) - {"h1", "aiohttp"})
-    if unknown or not clients:
-        parser.error(f"--client: expected h1 and/or aiohttp, got {args.client!r}")
-    ours = ["ours" if c == "h1" else f"ours:{c}" for c in clients]
-    names = [*ours, *([f"{n}:buffered" for n in ours] if args.buffered else []),
+    names = ["ours", *(["ours:buffered"] if args.buffered else []),
              *(["cliff"] if args.cliff else [])]
     widths = {n: max(14, len(n) + 5) for n in names}
-    both = "ours" in names and "ours:aiohttp" in names
+    both = "ours:buffered" in names
     print(f"{'tokens':>9} | {'direct':>8} | "
           + " | ".join(f"{n + '+ p50':>{widths[n]}} {'p99':>7}" for n in names)
-          + (f" | {'h1 saves p50':>12} {'p99':>7}" if both else "")
+          + (f" | {'held saves p50':>14} {'p99':>7}" if both else "")
           + f" | {'work p50':>8} {'p99':>7} | reuse (partial/miss) | load")
     for size in (int(s) for s in args.sizes.split(",")):
         upstream = (f"sink:{args.link_mbps:g}" if args.upstream == "sink" and args.link_mbps
@@ -205,16 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         cells = " | ".join(f"{r[f'{n}_p50']:{widths[n]}.2f} {r[f'{n}_p99']:7.2f}"
                            for n in names)
         if both:
-            cells += f" | {r['h1_saves_p50']:12.2f} {r['h1_saves_p99']:7.2f}"
+            cells += f" | {r['held_saves_p50']:14.2f} {r['held_saves_p99']:7.2f}"
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"{size:>9,} | {r['direct_p50']:8.2f} | {cells} | {r['work_p50']:8.2f} "
               f"{r['work_p99']:7.2f} | {int(r['partial_hits'])}/{int(r['misses']):<13} | "
               f"{load}", flush=True)
     link = f", {args.link_mbps:g} Mbit/s" if args.link_mbps else ""
     print(f"ms to the first streamed byte ({args.upstream} upstream{link}); name+ = added vs "
-          "direct on the same step (ours: agentcompact through its own HTTP/1.1 client; "
-          "ours:aiohttp: through aiohttp; :buffered: sending a body on only once it is "
-          "all in); h1 saves = ours:aiohttp's time minus ours' on the same step; work = "
+          "direct on the same step (ours:buffered: agentcompact sending a body on only once "
+          "it is all in); held saves = ours:buffered's time minus ours' on the same step; work = "
           "agentcompact's per-request work in process (target: added p50 <= 10 ms at 3M); "
           "load = the machine's load averages (1/5/15 min) after the size's run")
     return 0

@@ -100,9 +100,7 @@ def timed_first_byte(client: httpx.Client, content: bytes) -> float:
 def app_for(role: str, upstream: str, trigger: int) -> Any:
     """The ASGI app of one server role: the upstream simulator, a sink (``sink:MBPS``:
     reading at that link speed), or either proxy (``ours:buffered``: ours sending a body
-    on only once it is all in, instead of while it arrives; ``ours:aiohttp``, and
-    ``ours:aiohttp:buffered``: ours reaching the upstream through aiohttp instead of its own
-    HTTP/1.1 client, the benchmark-only ``UpstreamClient(direct=...)``)."""
+    on only once it is all in, instead of while it arrives)."""
     if role == "sim":
         return UpstreamSim(max_recorded=0).app  # bodies of megabytes: keep none
     if role.startswith("sink"):
@@ -112,15 +110,8 @@ def app_for(role: str, upstream: str, trigger: int) -> Any:
     if role.startswith("ours"):
         app = create_app(ProxyConfig(trigger=trigger, anthropic_upstream=upstream,
                                      openai_upstream=upstream, log_requests=False))
-        kinds = role.split(":")[1:]
-        if "buffered" in kinds:
+        if role == "ours:buffered":
             app.proxy.hold_bytes = None
-        if "aiohttp" in kinds:
-            from agentcompact.integrations.proxy._upstream import UpstreamClient
-
-            config = app.proxy.config
-            app.proxy.client = UpstreamClient(config.connect_timeout, config.read_timeout,
-                                              direct="aiohttp")
         return app
     from cliffcompaction.config import Config
     from cliffcompaction.proxy import create_app as cliff_app

@@ -7,12 +7,16 @@ request's messages with an engine of that dialect, then forwards; every other re
 passes through untouched. Only request bodies are rewritten: responses (SSE included) are
 relayed as they arrive.
 
-Per request, in steps: receive the body (a large one that may stay under the trigger is
-sent on upstream as it arrives, held by its last byte: ``_hold``) → prepare (parse, probe?,
-session key, the session's engine compacts — off the event loop when the body is large —,
-encode only if modified, else the original bytes) → send (or complete the held request;
-on a context-length error, compact harder and replay once) → relay the answer → record
-(the log line; with ``--record``, the model call with the reassembled response). Any
+Per request, in plain steps (``CompactionProxy.handle``), each a function of explicit,
+frozen values: **receive** the body (a large one that may stay under the trigger is sent
+on upstream as it arrives, held by its last byte: ``_hold``) → **prepare** (``_prepare``:
+``_parse`` gives a ``_Request`` — the body parsed, its session, its engine —; ``_decide``
+lets the session's engine compact, off the event loop when the body is large; ``_outgoing``
+gives the ``_Outgoing``: the original bytes unless the history changed, else the engine's
+encoded, or a strict-mode refusal) → **send** (``_send_out`` gives the ``_Sent``: completes
+the held request or sends anew; on a context-length error ``_reactive`` compacts harder and
+replays once) → **record** the log line and counters and **relay** the answer (``_answer``;
+with ``--record``, the model call with the reassembled response at the stream's end). Any
 failure before sending forwards the original bytes (fail-open).
 """
 
