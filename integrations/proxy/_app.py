@@ -137,9 +137,6 @@ class _Outgoing:
     fallback: str | None = None
     fail_open: bool = False
     retried: bool = False
-    #: the body went upstream before the engine measured it (completed early: certified
-    #: unchanged); the engine measures it once the answer has begun (``_finish``)
-    deferred: bool = False
 
     @property
     def unchanged(self) -> bool:
@@ -332,50 +329,16 @@ class CompactionProxy:
                 req = self._parse(dialect, raw, headers, match)
                 if held is not None and match is not None and not in_place:
                     self._release_if_bounded(req, held, self._unchanged.get(match[0]))
-            if held is not None and held.released:
-                # certified unchanged and on its way: what the engine measures now is for
-                # its figures and the next request, not for this one's first byte
-                out = _Outgoing(dialect, path, raw, raw, req, messages=req.messages,
-                                deferred=True)
-            else:
-                result, version = await self._decide(req, new_bytes)
-                out = self._outgoing(path, req, result, False)
-                self._sent_unchanged(out, version)
+            result, version = await self._decide(req, new_bytes)
+            out = self._outgoing(path, req, result, held is not None and held.released)
+            if version is not None and out.unchanged and result is not None:
+                # the body as sent (the original: shadow mode may have computed another)
+                self._unchanged[req.parsed] = (result.tokens_original, version, _fixed(req))
         except Exception as exc:  # fail-open: the original bytes go upstream
             out = self._failed_open(path, dialect, raw, req, exc)
         if self.dumper is not None and out.request is not None:
             self._dump(out, headers)
         return out
-
-    def _sent_unchanged(self, out: _Outgoing, version: int | None) -> None:
-        """Remember a body going upstream unchanged with its tokens, the prefix store's
-        ``version`` before the engine ran, and its fixed tokens: a held request extending
-        it may be completed before it is measured (``_release_if_bounded``)."""
-        req, result = out.request, out.result
-        if version is not None and out.unchanged and req is not None and result is not None:
-            # the body as sent (the original: shadow mode may have computed another)
-            self._unchanged[req.parsed] = (result.tokens_original, version, _fixed(req))
-
-    def _finish(self, out: _Outgoing) -> _Outgoing:
-        """The engine's step for a request completed upstream before the engine measured
-        it (``deferred``), run once its answer has begun: the engine measures the new
-        messages (for the log line, the status page and the next request)."""
-        req = out.request
-        assert req is not None and out.deferred
-        try:
-            result, version = self._compact(req)
-            done = self._outgoing(out.path, req, result, True)
-        except Exception as exc:  # the original went upstream already
-            log.warning("measuring a request sent early failed (%s; session %s)",
-                        type(exc).__name__, req.session)
-            return replace(out, deferred=False, error=f"{type(exc).__name__}: {exc}")
-        if done.refusal is not None:
-            # cannot happen while Speculation.leaves_unchanged holds; the body is upstream
-            log.error("a body sent before the engine finished is over the limit; "
-                      "the original went upstream (session %s)", req.session)
-            done = replace(done, refusal=None)
-        self._sent_unchanged(done, version)
-        return done
 
     def _prepare_here(self, path: str, dialect: str, raw: bytes, headers: Any) -> _Outgoing:
         """``_prepare`` on the calling thread, without a held request, for a sync
@@ -646,23 +609,12 @@ class CompactionProxy:
                  "(was %s), session %s", result.tokens_after,
                  out.result.tokens_after if out.result is not None else None, req.session)
         out = replace(out, content=retry, result=result, messages=result.messages,
-                      modified=True, retried=True, deferred=False)
+                      modified=True, retried=True)
         return out, replace(sent, response=await self._send(request, retry, out.dialect))
 
     # --- record and relay ----------------------------------------------------------------
     def _answer(self, out: _Outgoing, sent: _Sent) -> Any:
-        """Record the exchange (counters, the log line), then relay the answer; a request
-        sent before the engine measured it is measured and recorded once the client has
-        the answer's first byte."""
-        resp = sent.response
-        if isinstance(resp, BufferedResponse):
-            self._log(self._finish(out) if out.deferred else out, sent)
-            return resp
-        if not out.deferred:
-            self._log(out, sent)
-        return self._relay(out, sent, resp)
-
-    def _log(self, out: _Outgoing, sent: _Sent) -> None:
+        """Record the exchange (counters, the log line), then relay the answer."""
         ex = self._exchange(out, sent)
         saved = 0
         if ex.modified and ex.tokens_in is not None and ex.tokens_out is not None:
@@ -670,6 +622,10 @@ class CompactionProxy:
         self.stats.record(ex, saved)
         if self.config.log_requests:
             ex.emit()
+        resp = sent.response
+        if isinstance(resp, BufferedResponse):
+            return resp
+        return self._relay(out, resp)
 
     def _exchange(self, out: _Outgoing, sent: _Sent | None = None) -> ExchangeLog:
         """The log line of a prepared request, and of what sending it did."""
@@ -690,22 +646,14 @@ class CompactionProxy:
             held=sent.held if sent is not None else None,
             error=out.error, fallback=out.fallback, fail_open=out.fail_open)
 
-    def _relay(self, out: _Outgoing, sent: _Sent, resp: UpstreamResponse) -> RelayResponse:
+    def _relay(self, out: _Outgoing, resp: UpstreamResponse) -> RelayResponse:
         """Relay the answer; with ``--record``, keep a copy of it to log the model call
-        at its end (``_record``). A deferred request is measured and logged after the
-        answer's first chunk (``_finish``)."""
+        at its end (``_record``)."""
         kept: list[bytes] | None = (
             [] if self.config.record is not None and resp.status_code < 300 else None)
-        final = [out]  # the request as recorded: measured by then if it was deferred
-
-        def measure() -> None:
-            final[0] = self._finish(out)
-            self._log(final[0], sent)
-
         self.stats.stream_opened(1)
         return RelayResponse(resp, tee=kept.append if kept is not None else None,
-                             after_first=measure if out.deferred else None,
-                             on_close=lambda ok: self._record(final[0], resp, ok, kept))
+                             on_close=lambda ok: self._record(out, resp, ok, kept))
 
     def _record(self, out: _Outgoing, resp: UpstreamResponse, complete: bool,
                 kept: list[bytes] | None) -> None:

@@ -188,20 +188,15 @@ class RelayResponse:
     """Relay ``upstream`` to the client as it arrives.
 
     :param tee: called with each chunk (``--record`` keeps a copy); must be cheap.
-    :param after_first: called once the first body chunk went to the client (or at the
-        end, before ``on_close``, if none did): work that can wait until the client has
-        its first byte.
     :param on_close: called once at the end with ``True`` when the whole body reached the
         client, ``False`` when the client left or the upstream dropped.
     """
 
     def __init__(self, upstream: UpstreamResponse, *, tee: Callable[[bytes], None] | None = None,
-                 after_first: Callable[[], None] | None = None,
                  on_close: Callable[[bool], None] | None = None) -> None:
         self.upstream = upstream
         self.status_code = upstream.status_code
         self.tee = tee
-        self.after_first = after_first
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -218,7 +213,6 @@ class RelayResponse:
             pass  # the client went away while we were writing to it
         finally:
             self.upstream.close(completed)
-            self._after_first()
             if self.on_close is not None:
                 try:
                     self.on_close(completed)
@@ -243,16 +237,6 @@ class RelayResponse:
                 left -= len(chunk)
                 ended = left <= 0  # the last bytes: one write, no empty closing message
             await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
-            if self.after_first is not None:
-                self._after_first()
         if not ended:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
-
-    def _after_first(self) -> None:
-        after, self.after_first = self.after_first, None
-        if after is not None:
-            try:
-                after()
-            except Exception:
-                log.exception("relay: after_first callback failed")
