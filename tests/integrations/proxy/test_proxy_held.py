@@ -255,3 +255,30 @@ def test_held_requests_through_an_environment_proxy_go_by_aiohttp(
     assert upstream.tap.sent[-1].request != grown and upstream.tap.sent[-1].completed
     assert len(upstream.requests) == len(sent) + 1  # complete requests only
     assert status(small)["held"] == {"sent": 0, "sent_early": 0, "dropped": 1}
+
+
+def test_requests_sent_early_are_logged_with_the_engines_figures(
+        start_proxy: ProxyFactory, upstream: Upstream, caplog: pytest.LogCaptureFixture) -> None:
+    # completed upstream before the engine measured it, a request's log line and the
+    # status page still carry the engine's exact figures, and each next request of the
+    # session can be sent early again
+    proxy = holding(start_proxy, trigger=200_000, counter="chars", log_requests=True)
+    caplog.set_level(logging.INFO, logger="agentcompact.proxy")
+    full = anthropic_history(6)
+    with httpx.Client(base_url=proxy.base_url, timeout=10) as client:
+        for turns in range(2, 6):
+            with client.stream("POST", "/v1/messages", content=orjson.dumps(
+                    {"model": "sim-model", "max_tokens": 64, "stream": True,
+                     "messages": full[: 1 + 2 * turns]}),
+                    headers={"x-session-id": "held-early"}) as response:
+                assert response.status_code == 200
+                assert b"message_stop" in response.read()
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records
+             if r.name == "agentcompact.proxy" and r.getMessage().startswith("{")]
+    assert [line["held"] for line in lines] == ["sent", "sent-early", "sent-early",
+                                                "sent-early"]
+    assert all(line["tokens_in"] and line["tokens_in"] == line["tokens_out"]
+               and line["strategy"] == "cliff" for line in lines)
+    assert [line["tokens_in"] for line in lines] == sorted({line["tokens_in"] for line in lines})
+    session = next(iter(status(proxy)["sessions"].values()))
+    assert session["requests"] == 4 and session["tokens_in"] == lines[-1]["tokens_in"]
