@@ -17,7 +17,9 @@ proxy's own (``_h1.py``, on ``httptools``) served direct upstreams. Side by side
 both, three runs on a 2-core machine at load 3.4-6: the first answer byte came sooner
 through it, p50 of the paired difference, by 1.2 / 4.96 / 3.0 ms at 200k / 1M / 3M tokens
 on loopback and 2.6 / 3.8 / 3.2 ms through a 1 Gbit/s link (medians of the three runs;
-each run's spread is larger). Under 5 ms at every size: it went. Held forwarding through
+each run's spread is larger). Under 5 ms at every size: it went. (A fourth run through
+the link, at a lower load, gave 2.8 / 0.9 / 12.0 ms: the 3M median of four is 5.7 ms, on
+the line; benchmarks/README.md, "The upstream client, side by side".) Held forwarding through
 aiohttp stays by the same rule: through the link it saved 2.4 / 7.3 / 27.2 ms p50
 against sending the body on once it is all in (docs/proxy.md, "Latency").
 """
