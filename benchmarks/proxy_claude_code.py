@@ -138,6 +138,9 @@ def measure(size: int, steps: int, warmup: int, names: list[str], upstream_role:
     for name in names:
         added = [a - d for a, d in zip(times[name], times["direct"], strict=True)]
         out[f"{name}_p50"], out[f"{name}_p99"] = _p(added, 0.5), _p(added, 0.99)
+    if "ours:buffered" in times:  # what held forwarding saves, paired step by step
+        saved = [b - h for b, h in zip(times["ours:buffered"], times["ours"], strict=True)]
+        out["held_saves_p50"], out["held_saves_p99"] = _p(saved, 0.5), _p(saved, 0.99)
     out.update(work(full, points, warmup, trigger))
     return out
 
@@ -146,16 +149,14 @@ def work(full: list[dict[str, Any]], points: list[int], warmup: int, trigger: in
          ) -> dict[str, float]:
     """agentcompact's own per-request work, in process (no HTTP), p50 and p99."""
     from agentcompact.integrations.proxy import ProxyConfig
-    from agentcompact.integrations.proxy._app import CompactionProxy, _Plan
-    from agentcompact.integrations.proxy._observe import ExchangeLog
+    from agentcompact.integrations.proxy._app import CompactionProxy
 
     proxy = CompactionProxy(ProxyConfig(trigger=trigger, log_requests=False))
     times: list[float] = []
     for step, point in enumerate(points):
         raw = body(full[:point])
         t0 = time.perf_counter()
-        plan = _Plan("anthropic", raw, raw, ExchangeLog("/v1/messages", "anthropic"))
-        proxy._prepare_sync(plan, {}, None)
+        proxy._prepare_here("/v1/messages", "anthropic", raw, {})
         if step >= warmup:
             times.append(time.perf_counter() - t0)
     reuse = proxy.bodies
@@ -182,22 +183,30 @@ def main(argv: list[str] | None = None) -> int:
     proxy_latency.Role.http, proxy_latency.Role.loop = proxy_latency.SERVERS["fast"]
     names = ["ours", *(["ours:buffered"] if args.buffered else []),
              *(["cliff"] if args.cliff else [])]
+    widths = {n: max(14, len(n) + 5) for n in names}
+    both = "ours:buffered" in names
     print(f"{'tokens':>9} | {'direct':>8} | "
-          + " | ".join(f"{n + '+ p50':>14} {'p99':>7}" for n in names)
-          + f" | {'work p50':>8} {'p99':>7} | reuse (partial/miss)")
+          + " | ".join(f"{n + '+ p50':>{widths[n]}} {'p99':>7}" for n in names)
+          + (f" | {'held saves p50':>14} {'p99':>7}" if both else "")
+          + f" | {'work p50':>8} {'p99':>7} | reuse (partial/miss) | load")
     for size in (int(s) for s in args.sizes.split(",")):
         upstream = (f"sink:{args.link_mbps:g}" if args.upstream == "sink" and args.link_mbps
                     else args.upstream)
         r = measure(size, args.steps, args.warmup, names, upstream)
-        cells = " | ".join(f"{r[f'{n}_p50']:14.2f} {r[f'{n}_p99']:7.2f}" for n in names)
+        cells = " | ".join(f"{r[f'{n}_p50']:{widths[n]}.2f} {r[f'{n}_p99']:7.2f}"
+                           for n in names)
+        if both:
+            cells += f" | {r['held_saves_p50']:14.2f} {r['held_saves_p99']:7.2f}"
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"{size:>9,} | {r['direct_p50']:8.2f} | {cells} | {r['work_p50']:8.2f} "
-              f"{r['work_p99']:7.2f} | {int(r['partial_hits'])}/{int(r['misses'])}",
-              flush=True)
+              f"{r['work_p99']:7.2f} | {int(r['partial_hits'])}/{int(r['misses']):<13} | "
+              f"{load}", flush=True)
     link = f", {args.link_mbps:g} Mbit/s" if args.link_mbps else ""
     print(f"ms to the first streamed byte ({args.upstream} upstream{link}); name+ = added vs "
-          "direct on the same step (ours:buffered: agentcompact sending a body on only once it is "
-          "all in); work = agentcompact's per-request work in process "
-          "(target: added p50 <= 10 ms at 3M)")
+          "direct on the same step (ours:buffered: agentcompact sending a body on only once "
+          "it is all in); held saves = ours:buffered's time minus ours' on the same step; work = "
+          "agentcompact's per-request work in process (target: added p50 <= 10 ms at 3M); "
+          "load = the machine's load averages (1/5/15 min) after the size's run")
     return 0
 
 

@@ -334,8 +334,7 @@ def work_p50_ms(size: int, regime: str, steps: int, warmup: int) -> float:
     benchmark's session (plain and streamed body each step) through the proxy's request
     preparation (parse what is new, session key, engine, encode). The rest of ``ours+``
     is the HTTP hop."""
-    from agentcompact.integrations.proxy._app import CompactionProxy, _Plan
-    from agentcompact.integrations.proxy._observe import ExchangeLog
+    from agentcompact.integrations.proxy._app import CompactionProxy
 
     n0 = size // TURN_TOKENS
     trigger = size * 4 if regime == "under" else int(size * 0.8)
@@ -346,8 +345,7 @@ def work_p50_ms(size: int, regime: str, steps: int, warmup: int) -> float:
         for stream in (False, True):
             raw = body(full[: 1 + 2 * (n0 + step)], stream)
             t0 = time.perf_counter()
-            plan = _Plan("anthropic", raw, raw, ExchangeLog("/v1/messages", "anthropic"))
-            proxy._prepare_sync(plan, {}, None)
+            proxy._prepare_here("/v1/messages", "anthropic", raw, {})
             if step >= warmup:
                 times.append(time.perf_counter() - t0)
     return p50_ms(times)

@@ -7,12 +7,16 @@ request's messages with an engine of that dialect, then forwards; every other re
 passes through untouched. Only request bodies are rewritten: responses (SSE included) are
 relayed as they arrive.
 
-Per request, in steps: receive the body (a large one that may stay under the trigger is
-sent on upstream as it arrives, held by its last byte: ``_hold``) → prepare (parse, probe?,
-session key, the session's engine compacts — off the event loop when the body is large —,
-encode only if modified, else the original bytes) → send (or complete the held request;
-on a context-length error, compact harder and replay once) → relay the answer → record
-(the log line; with ``--record``, the model call with the reassembled response). Any
+Per request, in plain steps (``CompactionProxy.handle``), each a function of explicit,
+frozen values: **receive** the body (a large one that may stay under the trigger is sent
+on upstream as it arrives, held by its last byte: ``_hold``) → **prepare** (``_prepare``:
+``_parse`` gives a ``_Request`` — the body parsed, its session, its engine —; ``_decide``
+lets the session's engine compact, off the event loop when the body is large; ``_outgoing``
+gives the ``_Outgoing``: the original bytes unless the history changed, else the engine's
+encoded, or a strict-mode refusal) → **send** (``_send_out`` gives the ``_Sent``: completes
+the held request or sends anew; on a context-length error ``_reactive`` compacts harder and
+replays once) → **record** the log line and counters and **relay** the answer (``_answer``;
+with ``--record``, the model call with the reassembled response at the stream's end). Any
 failure before sending forwards the original bytes (fail-open).
 """
 
@@ -27,7 +31,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -93,21 +97,61 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _STATUS_PATH = "/agentcompact/status"
 
 
-@dataclass
-class _Plan:
-    """One dialect request on its way upstream."""
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """A dialect request as parsed (the first half of *prepare*): what the engine decides
+    on."""
 
     dialect: str
     raw: bytes
-    out: bytes
-    ex: ExchangeLog
-    body: dict[str, Any] | None = None
-    parsed: Parsed | None = None
-    messages: list[Any] | None = None
-    engine: Engine | None = None
+    body: dict[str, Any]
+    parsed: Parsed
+    messages: list[Any]
+    session: str | None
+    probe: bool
+    #: the session's engine; ``None`` when there is nothing to compact (a probe, no
+    #: messages, a continuation by ``previous_response_id``)
+    engine: Engine | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """A prepared request (what *prepare* gives *send*): the bytes to send upstream and
+    the messages they carry, or the proxy's own refusal, and what the log line says of
+    the preparation."""
+
+    dialect: str
+    path: str
+    raw: bytes
+    #: the body to send: ``raw`` itself (the very object) when it goes unchanged
+    content: bytes
+    #: ``None``: the body did not parse (it goes upstream as received)
+    request: _Request | None
     result: CompactionResult | None = None
-    sent_messages: list[Any] | None = None
+    #: the messages ``content`` carries (what ``--record`` logs as the model call's)
+    messages: list[Any] | None = None
     refusal: BufferedResponse | None = None
+    #: the engine's history differs from the client's (in shadow mode: would have)
+    modified: bool = False
+    error: str | None = None
+    fallback: str | None = None
+    fail_open: bool = False
+    retried: bool = False
+
+    @property
+    def unchanged(self) -> bool:
+        """The client's own body goes upstream (a held request may complete)."""
+        return self.content is self.raw and self.refusal is None
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """What *send* did: the answer whose head is in (or the proxy's own), what became of
+    the held request, and the time spent before sending."""
+
+    response: UpstreamResponse | BufferedResponse
+    held: str | None
+    added_ms: float
 
 
 class EnginePool:
@@ -227,6 +271,8 @@ class CompactionProxy:
         ))
 
     async def handle(self, request: Request) -> Any:
+        """One request, in plain steps: receive → prepare → send (→ the reactive retry) →
+        record and relay."""
         t0 = time.perf_counter()
         self.stats.count_request()
         path = request.scope["path"]
@@ -243,36 +289,21 @@ class CompactionProxy:
             if held is not None:
                 held.abort()  # the client left (or failed) before its body was in
             raise
-        plan = await self._prepare(request, dialect, raw, held)
-        try:
-            if held is not None and (plan.out is not raw or plan.refusal is not None):
-                held.abort()  # the body changed: the held one never reaches the upstream
-                held, plan.ex.held = None, "dropped"
-            elif held is not None:
-                plan.ex.held = "sent-early" if held.released else "sent"
-            if plan.refusal is not None:
-                return self._done(plan, plan.refusal, t0)
-            plan.ex.added_ms = round((time.perf_counter() - t0) * 1000, 3)
-            resp = await self._send(request, plan.out, dialect, held)
-        finally:
-            if held is not None and not held.done:
-                held.abort()  # the client left first
-                plan.ex.held = "dropped"
-        if isinstance(resp, BufferedResponse):
-            return self._done(plan, resp, t0)
-        if resp.status_code in (400, 413) and self._may_retry(plan):
-            return await self._reactive(request, plan, resp, t0)
-        return self._done(plan, resp, t0)
+        out = await self._prepare(request, dialect, raw, held)
+        sent = await self._send_out(request, out, held, t0)
+        if self._may_retry(out, sent.response):
+            out, sent = await self._reactive(request, out, sent)
+        return self._answer(out, sent)
 
-    # --- preparing the request ------------------------------------------------------
+    # --- receiving -----------------------------------------------------------------
     async def _hold(self, request: Request) -> HeldRequest | None:
         """Start the request upstream before its body is in, when the body is large
         enough for its trip to the upstream to matter and its declared length cannot
         plausibly reach the trigger: the body then crosses to the upstream as it arrives,
-        held by its last byte until the engine has decided (``handle``). A request missing
-        its last byte is one the upstream never acts on: a body the engine changes after
-        all is dropped unfinished and the new one sent. The guess only decides what is
-        faster; what is processed is always what the engine decided."""
+        held by its last byte until the engine has decided (``_send_out``). A request
+        missing its last byte is one the upstream never acts on: a body the engine changes
+        after all is dropped unfinished and the new one sent. The guess only decides what
+        is faster; what is processed is always what the engine decided."""
         length, least = _declared_length(request), self.hold_bytes
         if (length is None or least is None or length < least
                 or not self.engines.may_stay_under(length)):
@@ -280,70 +311,95 @@ class CompactionProxy:
         return await self.client.hold(request.method, self._upstream_url(request),
                                       request_headers(request.headers.raw), length)
 
+    # --- prepare: parse, decide, encode ----------------------------------------------
     async def _prepare(self, request: Request, dialect: str, raw: bytes,
-                       held: HeldRequest | None = None) -> _Plan:
-        plan = _Plan(dialect, raw, raw, ExchangeLog(request.scope["path"], dialect,
-                                                    shadow=self.config.shadow))
-        headers = request.headers
+                       held: HeldRequest | None = None) -> _Outgoing:
+        """The request to send: parse what is new, let the session's engine decide,
+        encode only what changed. A step with much to do runs in a worker thread (the
+        event loop keeps relaying other streams); a session's next turn is parsed and
+        measured in place. Any failure forwards the original bytes (fail-open)."""
+        path, headers = request.scope["path"], request.headers
+        req: _Request | None = None
         try:
-            if self.engines.is_async:
-                self._parse(plan, headers)
-                if plan.engine is not None and plan.messages is not None:
-                    plan.result = await plan.engine.acompact(plan.messages,
-                                                              fixed_tokens=_fixed(plan))
-                    self._apply(plan)
-            elif not self._prepare_sync(plan, headers, _OFFLOOP_BYTES, held, on_loop=True):
-                # more to parse, or a compaction likely: off the event loop
-                await anyio.to_thread.run_sync(self._prepare_sync, plan, headers, None, held)
-        except Exception as exc:  # fail-open: the original bytes go upstream
-            # no traceback: a chained exception could carry the history it was raised over
-            log.warning("compaction failed (%s); forwarding the original request (session %s)",
-                        type(exc).__name__, plan.ex.session)
-            plan.out, plan.result, plan.sent_messages = raw, None, plan.messages
-            plan.ex.error = f"{type(exc).__name__}: {exc}"
-            plan.ex.fail_open = True
-        if self.dumper is not None and plan.body is not None:
-            self._dump(plan, headers)
-        return plan
-
-    def _prepare_sync(self, plan: _Plan, headers: Any, limit: int | None,
-                      held: HeldRequest | None = None, *, on_loop: bool = False) -> bool:
-        """Parse and compact. With ``limit`` (on the event loop), stop before a step that
-        would parse more than ``limit`` bytes or may compact, and return ``False``; the
-        caller finishes in a worker thread (a call without ``limit``). ``held``: the
-        original body on its way upstream but for its last byte (``_hold``); ``on_loop``,
-        it may be completed before measuring (``_release_if_bounded``)."""
-        new_bytes = len(plan.raw)
-        if plan.parsed is None:
-            key = self.engines.dialects[plan.dialect].messages_key
-            match, new_bytes = self.bodies.lookup(plan.raw, key)
-            if limit is not None and new_bytes > limit:
-                return False
-            self._parse(plan, headers, match)
-            if held is not None and on_loop and match is not None:
-                self._release_if_bounded(plan, held, self._unchanged.get(match[0]))
-        engine = plan.engine
-        if engine is not None and plan.messages is not None and plan.result is None:
-            if (limit is not None and len(plan.raw) > limit
-                    and not self.engines.quiet(engine, new_bytes)):
-                return False
-            version = self._speculation.store_version(engine)  # before: a put may follow
-            fixed = _fixed(plan)
-            plan.result = engine.compact(plan.messages, fixed_tokens=fixed)
-            self.engines.sent_tokens[engine] = plan.result.tokens_after
-            self._apply(plan)
-            if held is not None and held.released and plan.out is not plan.raw:
-                # cannot happen while Speculation.leaves_unchanged holds; the body is upstream
-                log.error("a body sent before the engine finished was changed by it; "
-                          "the original went upstream (session %s)", plan.ex.session)
-                plan.out, plan.sent_messages, plan.refusal = plan.raw, plan.messages, None
-                plan.ex.modified = False
-            if plan.out is plan.raw and plan.parsed is not None:
+            in_place = self.engines.is_async  # an async strategy awaits on the loop
+            match, new_bytes = self.bodies.lookup(raw, self.engines.dialects[dialect]
+                                                  .messages_key)
+            if not in_place and new_bytes > _OFFLOOP_BYTES:
+                req = await anyio.to_thread.run_sync(self._parse, dialect, raw, headers, match)
+            else:
+                req = self._parse(dialect, raw, headers, match)
+                if held is not None and match is not None and not in_place:
+                    self._release_if_bounded(req, held, self._unchanged.get(match[0]))
+            result, version = await self._decide(req, new_bytes)
+            out = self._outgoing(path, req, result, held is not None and held.released)
+            if version is not None and out.unchanged and result is not None:
                 # the body as sent (the original: shadow mode may have computed another)
-                self._unchanged[plan.parsed] = (plan.result.tokens_original, version, fixed)
-        return True
+                self._unchanged[req.parsed] = (result.tokens_original, version, _fixed(req))
+        except Exception as exc:  # fail-open: the original bytes go upstream
+            out = self._failed_open(path, dialect, raw, req, exc)
+        if self.dumper is not None and out.request is not None:
+            self._dump(out, headers)
+        return out
 
-    def _release_if_bounded(self, plan: _Plan, held: HeldRequest,
+    def _prepare_here(self, path: str, dialect: str, raw: bytes, headers: Any) -> _Outgoing:
+        """``_prepare`` on the calling thread, without a held request, for a sync
+        strategy: the proxy's own work on one request (the benchmarks time it in
+        process, without HTTP)."""
+        key = self.engines.dialects[dialect].messages_key
+        req = self._parse(dialect, raw, headers, self.bodies.lookup(raw, key)[0])
+        result = self._compact(req)[0] if req.engine is not None else None
+        return self._outgoing(path, req, result, False)
+
+    def _failed_open(self, path: str, dialect: str, raw: bytes, req: _Request | None,
+                     exc: Exception) -> _Outgoing:
+        session = req.session if req is not None else None
+        # no traceback: a chained exception could carry the history it was raised over
+        log.warning("compaction failed (%s); forwarding the original request (session %s)",
+                    type(exc).__name__, session)
+        return _Outgoing(dialect, path, raw, raw, req,
+                         messages=req.messages if req is not None else None,
+                         error=f"{type(exc).__name__}: {exc}", fail_open=True)
+
+    def _parse(self, dialect: str, raw: bytes, headers: Any, match: Any) -> _Request:
+        """The body parsed (only what is new since the session's last body: ``match``),
+        its session, and the engine to decide on it."""
+        d = self.engines.dialects[dialect]
+        parsed = self.bodies.parse(raw, d.messages_key, match)
+        body = parsed.body
+        if not isinstance(body, dict):
+            raise TypeError(f"request body is a JSON {type(body).__name__}, not an object")
+        messages = d.messages_of(body)
+        session = session_key(d, body, headers, messages)
+        probe = is_probe(body)
+        engine = (self.engines.get(dialect, session)
+                  if not probe and messages and not body.get("previous_response_id") else None)
+        return _Request(dialect, raw, body, parsed, messages, session, probe, engine)
+
+    async def _decide(self, req: _Request, new_bytes: int
+                      ) -> tuple[CompactionResult | None, int | None]:
+        """The engine's result (``None``: nothing to compact) and, for a sync strategy,
+        the prefix store's version read before it. A large body that may compact is
+        compacted off the event loop; a quiet one (a session's next turn well under the
+        trigger: measuring the new messages is all the engine does) in place."""
+        engine = req.engine
+        if engine is None:
+            return None, None
+        if self.engines.is_async:
+            return await engine.acompact(req.messages, fixed_tokens=_fixed(req)), None
+        if len(req.raw) > _OFFLOOP_BYTES and not self.engines.quiet(engine, new_bytes):
+            return await anyio.to_thread.run_sync(self._compact, req)
+        return self._compact(req)
+
+    def _compact(self, req: _Request) -> tuple[CompactionResult, int | None]:
+        engine = req.engine
+        assert engine is not None
+        version = self._speculation.store_version(engine)  # before: a put may follow
+        fixed = _fixed(req)
+        result = engine.compact(req.messages, fixed_tokens=fixed)
+        self.engines.sent_tokens[engine] = result.tokens_after
+        return result, version
+
+    def _release_if_bounded(self, req: _Request, held: HeldRequest,
                             known: tuple[int, int | None, int] | None) -> None:
         """Complete the held request before measuring when the engine is certain to leave
         the body unchanged: the messages it shares with the earlier body count what they
@@ -352,118 +408,103 @@ class CompactionProxy:
         the request while the engine tokenizes the new messages for its exact figures.
         ``known``: the earlier body went upstream unchanged: its tokens, the prefix
         store's version then, and its fixed tokens."""
-        engine, parsed = plan.engine, plan.parsed
-        if engine is None or plan.messages is None or known is None:
+        engine, parsed = req.engine, req.parsed
+        if engine is None or known is None:
             return
         tokens, version, fixed = known
-        if parsed is not None and parsed.reused:  # the earlier body's messages, as counted
-            new = self._speculation.token_bound(engine, plan.messages[parsed.reused:])
+        if parsed.reused:  # the earlier body's messages, as counted
+            new = self._speculation.token_bound(engine, req.messages[parsed.reused:])
             bound = None if new is None else tokens - fixed + new
         else:
-            bound = self._speculation.token_bound(engine, plan.messages)
-        if bound is not None and self._speculation.leaves_unchanged(engine, bound + _fixed(plan),
+            bound = self._speculation.token_bound(engine, req.messages)
+        if bound is not None and self._speculation.leaves_unchanged(engine, bound + _fixed(req),
                                                                     version):
             held.release()
 
-    def _parse(self, plan: _Plan, headers: Any, match: Any = True) -> None:
-        dialect = self.engines.dialects[plan.dialect]
-        parsed = self.bodies.parse(plan.raw, dialect.messages_key, match)
-        body = parsed.body
-        if not isinstance(body, dict):
-            raise TypeError(f"request body is a JSON {type(body).__name__}, not an object")
-        plan.body, plan.parsed = body, parsed
-        messages = dialect.messages_of(body)
-        plan.messages = plan.sent_messages = messages
-        plan.ex.session = session_key(dialect, body, headers, messages)
-        if is_probe(body):
-            plan.ex.probe = True
-        elif messages and not body.get("previous_response_id"):
-            plan.engine = self.engines.get(plan.dialect, plan.ex.session)
-
-    def _apply(self, plan: _Plan) -> None:
-        """Fill the log fields from the result and encode the body to send, if it changed."""
-        result, ex = plan.result, plan.ex
-        assert result is not None and plan.engine is not None and plan.body is not None
-        ex.tokens_in, ex.tokens_out = result.tokens_original, result.tokens_after
-        ex.compacted, ex.modified = result.compacted, result.modified
-        ex.strategy = plan.engine.strategy_name
-        self._report_failure(plan, result)
+    def _outgoing(self, path: str, req: _Request, result: CompactionResult | None,
+                  sent_early: bool) -> _Outgoing:
+        """What goes upstream after the engine's ``result``: the client's own bytes unless
+        the history changed (and not in shadow mode), else the engine's encoded; in strict
+        mode a refusal for a request over the limit. ``sent_early``: the original body is
+        upstream already (completed before the engine finished)."""
+        same = _Outgoing(req.dialect, path, req.raw, req.raw, req, result, req.messages)
+        if result is None:
+            return same
+        error, fallback = _failure(result)
+        same = replace(same, modified=result.modified, error=error, fallback=fallback)
+        self._warn(req, error, fallback)
         if self.config.strict and not self.config.shadow and (
                 result.over_budget or result.tokens_after > self.engines.budget.limit):
-            plan.refusal = self._refuse(plan, result)  # modified or not: over the limit
-            return
+            return replace(same, refusal=self._refuse(req.dialect, result))  # modified or not
         if self.config.shadow or not result.modified:
             if result.modified:
                 log.info("shadow: would send %d tokens instead of %d (session %s)",
-                         result.tokens_after, result.tokens_original, ex.session)
-            return
-        plan.out = self._encode(plan, result.messages)
-        plan.sent_messages = result.messages
+                         result.tokens_after, result.tokens_original, req.session)
+            return same
+        if sent_early:
+            # cannot happen while Speculation.leaves_unchanged holds; the body is upstream
+            log.error("a body sent before the engine finished was changed by it; "
+                      "the original went upstream (session %s)", req.session)
+            return replace(same, modified=False)
+        return replace(same, content=self._encode(req, result.messages),
+                       messages=result.messages)
 
-    def _report_failure(self, plan: _Plan, result: CompactionResult) -> None:
-        """Put a failed or fallen-back compaction into the log line (``error``,
-        ``fallback``) and warn once per session about a trigger the client's fixed part
-        leaves no room under."""
-        ex = plan.ex
-        for event in result.events or ([result.event] if result.event else []):
-            if event.error and ex.error is None:
-                ex.error = event.error
-            if event.fallback and ex.fallback is None:
-                ex.fallback = event.fallback
-        if ex.error is not None and self.stats.first_failure(ex.session):
+    def _warn(self, req: _Request, error: str | None, fallback: str | None) -> None:
+        """Warn once per session about a failed compaction, and about a trigger the
+        client's fixed part leaves no room under."""
+        if error is not None and self.stats.first_failure(req.session):
             log.warning("compaction failed in session %s (%s; fallback %s); later failures "
-                        "of this session are in the log lines only", ex.session, ex.error,
-                        ex.fallback or "none")
-        if plan.engine is not None and self.stats.first_request(ex.session):
-            self._warn_fixed(plan)
+                        "of this session are in the log lines only", req.session, error,
+                        fallback or "none")
+        if req.engine is not None and self.stats.first_request(req.session):
+            self._warn_fixed(req)
 
-    def _warn_fixed(self, plan: _Plan) -> None:
+    def _warn_fixed(self, req: _Request) -> None:
         """Warn when the part of a request compaction cannot shrink (system prompt, tools,
         instruction items) takes half the trigger or more."""
-        engine, messages = plan.engine, plan.messages or []
+        engine = req.engine
         assert engine is not None
-        kept = [m for m in messages if _is_kept(engine.dialect, m)]
-        fixed = _fixed(plan) + (engine.count(kept) if kept else 0)
+        kept = [m for m in req.messages if _is_kept(engine.dialect, m)]
+        fixed = _fixed(req) + (engine.count(kept) if kept else 0)
         trigger = self.engines.budget.trigger
         if fixed * 2 >= trigger:
             log.warning("trigger %d tokens is too small for this client: its fixed prompt "
                         "(system, tools, instructions) is %d tokens, which compaction keeps; "
                         "use --trigger %d or more (session %s)", trigger, fixed,
-                        _round_up(fixed * 3), plan.ex.session)
+                        _round_up(fixed * 3), req.session)
 
-    def _encode(self, plan: _Plan, messages: list[Any]) -> bytes:
+    def _encode(self, req: _Request, messages: list[Any]) -> bytes:
         """The body to send with ``messages``: unchanged messages as the client's own bytes
         (no re-serialization), new ones encoded; in full for a dialect that rewrites more
         than the message list."""
-        assert plan.engine is not None and plan.body is not None
-        dialect = plan.engine.dialect
-        if (plan.parsed is not None and plan.parsed.messages is not None
+        dialect = self.engines.dialects[req.dialect]
+        if (req.parsed.messages is not None
                 and type(dialect).with_messages is Dialect.with_messages):
-            return encode(plan.parsed, messages)
-        return orjson.dumps(dialect.with_messages(plan.body, messages))
+            return encode(req.parsed, messages)
+        return orjson.dumps(dialect.with_messages(req.body, messages))
 
-    def _refuse(self, plan: _Plan, result: CompactionResult) -> BufferedResponse:
-        plan.ex.refused = True
+    def _refuse(self, dialect: str, result: CompactionResult) -> BufferedResponse:
         limit = self.engines.budget.limit
         message = (f"prompt is too long: {result.tokens_after} tokens > {limit} maximum "
                    "(agentcompact strict mode: still over budget after compaction)")
-        body = error_body(plan.dialect, 400, message, code="context_length_exceeded")
+        body = error_body(dialect, 400, message, code="context_length_exceeded")
         return BufferedResponse(400, [(b"content-type", b"application/json")],
                                 orjson.dumps(body))
 
-    def _dump(self, plan: _Plan, headers: Any) -> None:
-        result = plan.result
+    def _dump(self, out: _Outgoing, headers: Any) -> None:
+        req, result = out.request, out.result
+        assert self.dumper is not None and req is not None
         outgoing = None
-        if result is not None and result.modified and plan.out is not plan.raw:
-            outgoing = orjson.loads(plan.out)
-        summary = {"dialect": plan.dialect, "session": plan.ex.session,
-                   "compacted": plan.ex.compacted, "modified": plan.ex.modified,
-                   "tokens_in": plan.ex.tokens_in, "tokens_out": plan.ex.tokens_out,
-                   "shadow": self.config.shadow, "error": plan.ex.error}
-        assert self.dumper is not None
-        self.dumper.dump(plan.ex.session, plan.ex.path, headers, plan.body, outgoing, summary)
+        if result is not None and result.modified and out.content is not out.raw:
+            outgoing = orjson.loads(out.content)
+        ex = self._exchange(out)
+        summary = {"dialect": out.dialect, "session": req.session,
+                   "compacted": ex.compacted, "modified": ex.modified,
+                   "tokens_in": ex.tokens_in, "tokens_out": ex.tokens_out,
+                   "shadow": self.config.shadow, "error": ex.error}
+        self.dumper.dump(req.session, out.path, headers, req.body, outgoing, summary)
 
-    # --- talking to the upstream ----------------------------------------------------
+    # --- send ------------------------------------------------------------------------
     def _upstream_url(self, request: Request) -> str:
         """The upstream URL: the path and query exactly as the client sent them."""
         scope = request.scope
@@ -473,6 +514,27 @@ class CompactionProxy:
         path = raw_path.decode("latin-1") if raw_path else quote(scope["path"])
         query = scope.get("query_string", b"").decode("latin-1")
         return f"{base}{path}?{query}" if query else f"{base}{path}"
+
+    async def _send_out(self, request: Request, out: _Outgoing, held: HeldRequest | None,
+                        t0: float) -> _Sent:
+        """Send the prepared request: complete the held one when its body is the one to
+        send, else drop it and send the new body; a refusal is the answer as it is."""
+        state = None
+        try:
+            if held is not None and not out.unchanged:
+                held.abort()  # the body changed: the held one never reaches the upstream
+                held, state = None, "dropped"
+            elif held is not None:
+                state = "sent-early" if held.released else "sent"
+            added = _ms_since(t0)
+            if out.refusal is not None:
+                return _Sent(out.refusal, state, added)
+            resp = await self._send(request, out.content, out.dialect, held)
+        finally:
+            if held is not None and not held.done:
+                held.abort()  # the client left first
+                state = "dropped"
+        return _Sent(resp, state, added)
 
     async def _send(self, request: Request, content: bytes, dialect: str | None,
                     held: HeldRequest | None = None) -> UpstreamResponse | BufferedResponse:
@@ -510,83 +572,106 @@ class CompactionProxy:
         self.stats.stream_opened(1)
         return RelayResponse(resp, on_close=lambda _ok: self.stats.stream_opened(-1))
 
-    def _may_retry(self, plan: _Plan) -> bool:
-        return (self.config.reactive and not self.config.shadow and plan.engine is not None
-                and plan.messages is not None and not plan.ex.fail_open)
+    def _may_retry(self, out: _Outgoing, resp: UpstreamResponse | BufferedResponse) -> bool:
+        """A 400/413 answer that may be a context-length error worth one harder retry."""
+        return (not isinstance(resp, BufferedResponse) and resp.status_code in (400, 413)
+                and self.config.reactive and not self.config.shadow and not out.fail_open
+                and out.request is not None and out.request.engine is not None)
 
-    async def _reactive(self, request: Request, plan: _Plan, resp: UpstreamResponse,
-                        t0: float) -> Any:
+    async def _reactive(self, request: Request, out: _Outgoing, sent: _Sent
+                        ) -> tuple[_Outgoing, _Sent]:
         """Context-length error: compact one level harder and replay once."""
+        resp = sent.response
+        assert not isinstance(resp, BufferedResponse)
         try:
             data = await resp.read()
         except UpstreamDropped:
-            return self._done(plan, BufferedResponse(502, [], b""), t0)
-        first = BufferedResponse(resp.status_code, resp.raw_headers, data)
+            return out, replace(sent, response=BufferedResponse(502, [], b""))
+        first = replace(sent, response=BufferedResponse(resp.status_code, resp.raw_headers,
+                                                        data))
         if not is_context_error(resp.status_code, data):
-            return self._done(plan, first, t0)
-        assert plan.engine is not None and plan.messages is not None and plan.body is not None
+            return out, first
+        req = out.request
+        assert req is not None and req.engine is not None
         try:
-            engine, messages, fixed = plan.engine, plan.messages, _fixed(plan)
+            engine, messages, fixed = req.engine, req.messages, _fixed(req)
             if self.engines.is_async:
                 result = await engine.acompact(messages, force=True, fixed_tokens=fixed)
             else:
                 result = await anyio.to_thread.run_sync(
                     lambda: engine.compact(messages, force=True, fixed_tokens=fixed))
-            retry = self._encode(plan, result.messages)
+            retry = self._encode(req, result.messages)
         except Exception as exc:
             log.exception("reactive compaction failed; returning the provider's error")
-            plan.ex.error = f"reactive: {type(exc).__name__}: {exc}"
-            return self._done(plan, first, t0)
-        if not result.modified or retry == plan.out:
-            return self._done(plan, first, t0)
+            return replace(out, error=f"reactive: {type(exc).__name__}: {exc}"), first
+        if not result.modified or retry == out.content:
+            return out, first
         log.info("reactive: context-length error from upstream; replaying %d tokens "
-                 "(was %s), session %s", result.tokens_after, plan.ex.tokens_out, plan.ex.session)
-        plan.result, plan.out, plan.sent_messages = result, retry, result.messages
-        plan.ex.retried, plan.ex.compacted, plan.ex.modified = True, True, True
-        plan.ex.tokens_out = result.tokens_after
-        resp2 = await self._send(request, retry, plan.dialect)
-        return self._done(plan, resp2, t0)
+                 "(was %s), session %s", result.tokens_after,
+                 out.result.tokens_after if out.result is not None else None, req.session)
+        out = replace(out, content=retry, result=result, messages=result.messages,
+                      modified=True, retried=True)
+        return out, replace(sent, response=await self._send(request, retry, out.dialect))
 
-    # --- answering ---------------------------------------------------------------------
-    def _done(self, plan: _Plan, resp: UpstreamResponse | BufferedResponse, t0: float) -> Any:
-        ex = plan.ex
-        ex.status = resp.status_code
-        if not ex.added_ms:
-            ex.added_ms = round((time.perf_counter() - t0) * 1000, 3)
+    # --- record and relay ----------------------------------------------------------------
+    def _answer(self, out: _Outgoing, sent: _Sent) -> Any:
+        """Record the exchange (counters, the log line), then relay the answer."""
+        ex = self._exchange(out, sent)
         saved = 0
         if ex.modified and ex.tokens_in is not None and ex.tokens_out is not None:
             saved = ex.tokens_in - ex.tokens_out
         self.stats.record(ex, saved)
         if self.config.log_requests:
             ex.emit()
+        resp = sent.response
         if isinstance(resp, BufferedResponse):
             return resp
-        return self._relay(plan, resp)
+        return self._relay(out, resp)
 
-    def _relay(self, plan: _Plan, resp: UpstreamResponse) -> RelayResponse:
+    def _exchange(self, out: _Outgoing, sent: _Sent | None = None) -> ExchangeLog:
+        """The log line of a prepared request, and of what sending it did."""
+        req, result = out.request, out.result
+        return ExchangeLog(
+            out.path, out.dialect, session=req.session if req is not None else None,
+            status=sent.response.status_code if sent is not None else None,
+            tokens_in=result.tokens_original if result is not None else None,
+            tokens_out=result.tokens_after if result is not None else None,
+            compacted=out.retried or (result is not None and result.compacted),
+            modified=out.modified,
+            strategy=(req.engine.strategy_name
+                      if result is not None and req is not None and req.engine is not None
+                      else None),
+            added_ms=sent.added_ms if sent is not None else 0.0,
+            probe=req is not None and req.probe, shadow=self.config.shadow,
+            retried=out.retried, refused=out.refusal is not None,
+            held=sent.held if sent is not None else None,
+            error=out.error, fallback=out.fallback, fail_open=out.fail_open)
+
+    def _relay(self, out: _Outgoing, resp: UpstreamResponse) -> RelayResponse:
         """Relay the answer; with ``--record``, keep a copy of it to log the model call
         at its end (``_record``)."""
         kept: list[bytes] | None = (
             [] if self.config.record is not None and resp.status_code < 300 else None)
         self.stats.stream_opened(1)
         return RelayResponse(resp, tee=kept.append if kept is not None else None,
-                             on_close=lambda ok: self._record(plan, resp, ok, kept))
+                             on_close=lambda ok: self._record(out, resp, ok, kept))
 
-    def _record(self, plan: _Plan, resp: UpstreamResponse, complete: bool,
+    def _record(self, out: _Outgoing, resp: UpstreamResponse, complete: bool,
                 kept: list[bytes] | None) -> None:
         self.stats.stream_opened(-1)
-        if kept is None or not complete or plan.body is None:
+        req = out.request
+        if kept is None or not complete or req is None:
             return
         streamed = "text/event-stream" in resp.headers.get("content-type", "")
-        got = reassemble(plan.dialect, b"".join(kept), streamed=streamed)
-        dialect = self.engines.dialects[plan.dialect]
-        request = {k: v for k, v in plan.body.items() if k != dialect.messages_key}
-        model = got.model or plan.body.get("model")
+        got = reassemble(out.dialect, b"".join(kept), streamed=streamed)
+        dialect = self.engines.dialects[out.dialect]
+        request = {k: v for k, v in req.body.items() if k != dialect.messages_key}
+        model = got.model or req.body.get("model")
         log_model_call(ModelCall(
-            episode_id=plan.ex.session or "unknown", dialect=plan.dialect,
-            messages=list(plan.sent_messages or []), response=got.response, request=request,
+            episode_id=req.session or "unknown", dialect=out.dialect,
+            messages=list(out.messages or []), response=got.response, request=request,
             usage=got.usage, model=model if isinstance(model, str) else None,
-            compacted=plan.ex.modified and not self.config.shadow, **got.model_call_fields(),
+            compacted=out.modified and not self.config.shadow, **got.model_call_fields(),
         ), self.pm)
 
 
@@ -630,12 +715,26 @@ def _round_up(tokens: int) -> int:
     return -(-tokens // 10_000) * 10_000
 
 
-def _fixed(plan: _Plan) -> int:
+def _fixed(req: _Request) -> int:
     """Tokens the request spends besides its messages (system, instructions, tools): they
     count against the budget like the messages do (Claude Code sends ~15k tokens of tools)."""
-    if plan.engine is None or not isinstance(plan.body, dict):
+    if req.engine is None:
         return 0
-    return plan.engine.fixed_tokens(plan.body)
+    return req.engine.fixed_tokens(req.body)
+
+
+def _failure(result: CompactionResult) -> tuple[str | None, str | None]:
+    """A failed or fallen-back compaction's first error and fallback (the log line's
+    ``error``, ``fallback``)."""
+    error = fallback = None
+    for event in result.events or ([result.event] if result.event else []):
+        error = error or event.error
+        fallback = fallback or event.fallback
+    return error, fallback
+
+
+def _ms_since(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 3)
 
 
 class ProxyApp(Starlette):

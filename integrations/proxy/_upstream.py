@@ -1,26 +1,33 @@
-"""The proxy's HTTP clients to the providers: one per job.
+"""The proxy's HTTP client to the providers: one, ``aiohttp``.
 
-- **Direct upstreams** (the usual case): :mod:`.h1`, a lean HTTP/1.1 client on
-  ``httptools``. Kept by measurement: side by side with ``aiohttp`` in one run with Claude
-  Code-shaped requests (``benchmarks/proxy_claude_code.py --client h1,aiohttp`` at
-  49c02cb), a body streamed through to a provider across a 1 Gbit/s link got its first
-  answer byte 6.4 ms (1M tokens) and 14.4 ms (3M) sooner p50 through it (1.7 ms at 200k;
-  docs/proxy.md, "Latency"): it writes the body on as it arrives, where aiohttp's writer
-  waits for each chunk to drain.
-- **Upstreams behind ``HTTP(S)_PROXY``** (``NO_PROXY`` honoured; read once, looked up
-  once per host: aiohttp's own ``trust_env`` re-reads them, and ``~/.netrc``, in a worker
-  thread on every request): ``aiohttp``, which does what :mod:`.h1` does not, CONNECT
-  tunnelling and proxy authentication.
+Direct upstreams and upstreams behind ``HTTP(S)_PROXY`` (``NO_PROXY`` honoured; read once,
+looked up once per host: aiohttp's own ``trust_env`` re-reads them, and ``~/.netrc``, in a
+worker thread on every request; aiohttp does the CONNECT tunnelling and proxy
+authentication) go through one ``aiohttp`` session. The body goes out as the bytes given
+(no re-encoding, no copy), or as it arrives from the client (a held request,
+:class:`HeldRequest`), the answer comes back undecoded (no content decoding) as it
+arrives, and there is no cookie jar: cookies an upstream sets for one client never reach
+another.
 
-Either way the body goes out as the bytes given (no re-encoding, no copy), or as it
-arrives from the client (a held request), the answer comes back undecoded (no content
-decoding) as it arrives, and there is no cookie jar: cookies an upstream sets for one
-client never reach another.
+**One client, by measurement** (#17's rule: a hand-written client stays only if it saves
+>= 5 ms p50 at user scale). Until this module's commit a lean HTTP/1.1 client of the
+proxy's own (``_h1.py``, on ``httptools``) served direct upstreams. Side by side in one run,
+``benchmarks/proxy_claude_code.py --steps 12 --no-cliff --client h1,aiohttp --buffered``
+(``--link-mbps 0`` and ``1000``) at commit c825b40 of branch s4-proxy, the last tree with
+both, three runs on a 2-core machine at load 3.4-6: the first answer byte came sooner
+through it, p50 of the paired difference, by 1.2 / 4.96 / 3.0 ms at 200k / 1M / 3M tokens
+on loopback and 2.6 / 3.8 / 3.2 ms through a 1 Gbit/s link (medians of the three runs;
+each run's spread is larger). Under 5 ms at every size: it went. (A fourth run through
+the link, at a lower load, gave 2.8 / 0.9 / 12.0 ms: the 3M median of four is 5.7 ms, on
+the line; benchmarks/README.md, "The upstream client, side by side".) Held forwarding through
+aiohttp stays by the same rule: through the link it saved 2.4 / 7.3 / 27.2 ms p50
+against sending the body on once it is all in (docs/proxy.md, "Latency").
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -29,11 +36,10 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from . import _h1 as h1
-from ._h1 import H1Client, H1Response, UpstreamDropped, UpstreamError, ssl_context
+from ...errors import UpstreamDropped, UpstreamError
 
-__all__ = ["HeldRequest", "ProxiedHeld", "ProxiedResponse", "UpstreamClient",
-           "UpstreamDropped", "UpstreamError", "UpstreamResponse"]
+__all__ = ["HeldRequest", "UpstreamClient", "UpstreamDropped", "UpstreamError",
+           "UpstreamResponse", "hold_back", "ssl_context"]
 
 #: headers aiohttp would otherwise add on its own: the client's own (or none) go upstream
 _SKIP_AUTO = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
@@ -41,9 +47,32 @@ _NO_BODY = frozenset({"GET", "HEAD", "OPTIONS", "DELETE"})
 _ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError)
 
 
-class ProxiedResponse:
-    """An answer through ``aiohttp`` whose headers have arrived (the interface of
-    :class:`.h1.H1Response`); the body is read as it comes."""
+def ssl_context() -> ssl.SSLContext:
+    """The system's CA store (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` honoured) plus certifi's
+    bundle when installed (what httpx trusts), so either kind of set-up verifies."""
+    context = ssl.create_default_context()
+    try:
+        import certifi
+
+        context.load_verify_locations(certifi.where())
+    except (ImportError, OSError):
+        pass
+    return context
+
+
+def hold_back(chunk: bytes, fed: int, length: int) -> tuple[bytes, bytes]:
+    """``chunk``, the bytes of a ``length``-byte body from offset ``fed`` on, split into
+    what may be sent on now and the body's last byte when ``chunk`` ends the body (else
+    ``b""``): the last byte is held back."""
+    now = length - 1 - fed
+    if now >= len(chunk):
+        return chunk, b""
+    last = chunk[-1:] if fed + len(chunk) == length else b""
+    return (chunk[:now] if now > 0 else b""), last
+
+
+class UpstreamResponse:
+    """An upstream answer whose headers have arrived; the body is read as it comes."""
 
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._r = response
@@ -78,10 +107,10 @@ class ProxiedResponse:
             self._r.close()
 
 
-class ProxiedHeld:
-    """:class:`.h1.Held` through ``aiohttp``: a request whose body is sent as it arrives,
-    all of it but its last byte until :meth:`release`. The request runs in a task of its
-    own; its body is what :meth:`feed` gets."""
+class HeldRequest:
+    """A request whose body is sent as it arrives, all of it but its last byte until
+    :meth:`release` (:meth:`UpstreamClient.hold`). The request runs in a task of its own;
+    its body is what :meth:`feed` gets."""
 
     def __init__(self, client: UpstreamClient, method: str, target: URL, proxy: str | None,
                  headers: Sequence[tuple[bytes, bytes]], length: int) -> None:
@@ -104,7 +133,7 @@ class ProxiedHeld:
     def feed(self, chunk: bytes) -> None:
         """Send the next body bytes on, all but the body's last one (kept for
         :meth:`release`)."""
-        now, last = h1.hold_back(chunk, self._fed, self._length)
+        now, last = hold_back(chunk, self._fed, self._length)
         self._fed += len(chunk)
         self._last = last or self._last
         if now:
@@ -123,7 +152,7 @@ class ProxiedHeld:
         self.released = True
         return True
 
-    async def commit(self, content: bytes) -> ProxiedResponse:
+    async def commit(self, content: bytes) -> UpstreamResponse:
         """Send the last byte (unless :meth:`release` did) of ``content``, the whole body
         fed; return once the answer's headers are in (errors as ``send``). A request that
         ended before that byte went out, or whose body was not ``content``, was never
@@ -151,13 +180,7 @@ class ProxiedHeld:
             task.result().close(False)  # an early answer (an error): its connection goes
 
 
-#: an upstream answer whose headers have arrived
-UpstreamResponse = H1Response | ProxiedResponse
-#: a request sent but for its body's last byte
-HeldRequest = h1.Held | ProxiedHeld
-
-
-def _retrieved(task: asyncio.Task[ProxiedResponse]) -> None:
+def _retrieved(task: asyncio.Task[UpstreamResponse]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: a dropped request's failure is not logged
 
@@ -169,7 +192,6 @@ class UpstreamClient:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._session: aiohttp.ClientSession | None = None
-        self._direct = H1Client(connect_timeout, read_timeout)
         self._env_proxies = urllib.request.getproxies()
         self._proxy_for: dict[tuple[str, str], str | None] = {}
 
@@ -197,18 +219,13 @@ class UpstreamClient:
                    content: bytes) -> UpstreamResponse:
         """Send a request; return once the response headers are in."""
         target, proxy = self.route(url)
-        if proxy is not None:
-            return await self._send(method, target, proxy, headers, content)
-        try:
-            return await self._direct.send(method, url, headers, content)
-        except ValueError as exc:
-            raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
+        return await self._send(method, target, proxy, headers, content)
 
     async def hold(self, method: str, url: str, headers: Sequence[tuple[bytes, bytes]],
                    length: int) -> HeldRequest | None:
-        """Start a request whose body of ``length`` bytes arrives later (:meth:`Held.feed`),
-        all of it but its last byte: :meth:`Held.commit` sends that byte and waits for the
-        answer as :meth:`send` does, :meth:`Held.abort` drops the connection.
+        """Start a request whose body of ``length`` bytes arrives later (:meth:`HeldRequest.feed`),
+        all of it but its last byte: :meth:`HeldRequest.commit` sends that byte and waits
+        for the answer as :meth:`send` does, :meth:`HeldRequest.abort` drops the connection.
 
         Until the last byte arrives the upstream cannot act on the request (its length
         is announced), so a request held then aborted never reached it; meanwhile the
@@ -219,9 +236,7 @@ class UpstreamClient:
             return None
         try:
             target, proxy = self.route(url)
-            if proxy is not None:
-                return ProxiedHeld(self, method, target, proxy, headers, length)
-            return await self._direct.hold(method, url, headers, length)
+            return HeldRequest(self, method, target, proxy, headers, length)
         except (UpstreamError, ValueError):
             return None
 
@@ -238,14 +253,14 @@ class UpstreamClient:
 
     async def _send(self, method: str, target: URL, proxy: str | None,
                     headers: Sequence[tuple[bytes, bytes]], content: bytes
-                    ) -> ProxiedResponse:
+                    ) -> UpstreamResponse:
         with_body = bool(content) or method not in _NO_BODY
         return await self._request(method, target, proxy, headers,
                                    content if with_body else None)
 
     async def _request(self, method: str, target: URL, proxy: str | None,
                        headers: Sequence[tuple[bytes, bytes]], data: Any
-                       ) -> ProxiedResponse:
+                       ) -> UpstreamResponse:
         if self._session is None:
             self._session = self._open()
         hdrs: CIMultiDict[str] = CIMultiDict(
@@ -258,10 +273,9 @@ class UpstreamClient:
             response = await self._session.request(method, target, **kwargs)
         except _ERRORS as exc:
             raise UpstreamError(f"{type(exc).__name__}: {exc}") from exc
-        return ProxiedResponse(response)
+        return UpstreamResponse(response)
 
     async def aclose(self) -> None:
-        await self._direct.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -58,10 +58,10 @@ def test_unchanged_requests_go_out_held_then_complete(start_proxy: ProxyFactory,
     assert [r.request for r in upstream.tap.sent] == sent
     assert all(r.completed for r in upstream.tap.sent)
     held = status(proxy)["held"]
-    # the first request finds no kept-alive connection to hold on; every later one went
-    # out held, and, extending a body sent unchanged far under the trigger, was completed
-    # before its new messages were even tokenized
-    assert held == {"sent": len(sent) - 1, "sent_early": len(sent) - 1, "dropped": 0}
+    # every request went out held; every one after the first, extending a body sent
+    # unchanged far under the trigger, was completed before its new messages were even
+    # tokenized (the first one, after the engine)
+    assert held == {"sent": len(sent), "sent_early": len(sent) - 1, "dropped": 0}
 
 
 def test_held_request_is_dropped_when_the_engine_changes_the_body(
@@ -97,7 +97,8 @@ def test_held_request_is_dropped_when_the_engine_changes_the_body(
     assert final.completed and final.status == 200
     # the simulator's application only ever handled complete requests
     assert len(upstream.requests) == 2
-    assert status(proxy)["held"] == {"sent": 0, "sent_early": 0, "dropped": 1}
+    # the first went out held too (completed after the engine), the second was dropped
+    assert status(proxy)["held"] == {"sent": 1, "sent_early": 0, "dropped": 1}
 
 
 def test_only_a_body_whose_length_may_stay_under_the_trigger_is_held(
@@ -144,7 +145,7 @@ def test_held_request_waits_for_the_engine_when_its_bytes_could_reach_the_trigge
     assert [r.request for r in upstream.tap.sent] == [first, raw]
     lines = [orjson.loads(r.getMessage()) for r in caplog.records
              if r.name == "agentcompact.proxy" and r.getMessage().startswith("{")]
-    assert [line["held"] for line in lines] == [None, "sent"]  # the first: nothing idle
+    assert [line["held"] for line in lines] == ["sent", "sent"]
     assert [line["modified"] for line in lines] == [False, False]
 
 
@@ -171,7 +172,7 @@ def test_a_large_body_streams_upstream_while_the_client_still_sends_it(
         yield raw[half:]
 
     with httpx.Client(base_url=proxy.base_url, timeout=30) as client:
-        post(client, anthropic_history(1))  # leaves a kept-alive connection to hold on
+        post(client, anthropic_history(1))  # a short one first (not held: under 64 KiB)
         response = client.post("/v1/messages", content=pieces(),
                                headers={"content-type": "application/json",
                                         "content-length": str(len(raw))})
@@ -190,7 +191,7 @@ def test_a_client_leaving_mid_body_leaves_the_upstream_an_incomplete_request(
     raw = orjson.dumps({"model": "sim-model", "max_tokens": 64,
                         "messages": anthropic_history(4)})
     with httpx.Client(base_url=proxy.base_url, timeout=10) as client:
-        post(client, anthropic_history(1))  # leaves a kept-alive connection to hold on
+        post(client, anthropic_history(1))
     host, port = proxy.base_url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: "
@@ -254,3 +255,30 @@ def test_held_requests_through_an_environment_proxy_go_by_aiohttp(
     assert upstream.tap.sent[-1].request != grown and upstream.tap.sent[-1].completed
     assert len(upstream.requests) == len(sent) + 1  # complete requests only
     assert status(small)["held"] == {"sent": 0, "sent_early": 0, "dropped": 1}
+
+
+def test_requests_sent_early_are_logged_with_the_engines_figures(
+        start_proxy: ProxyFactory, upstream: Upstream, caplog: pytest.LogCaptureFixture) -> None:
+    # completed upstream before the engine measured it, a request's log line and the
+    # status page still carry the engine's exact figures, and each next request of the
+    # session can be sent early again
+    proxy = holding(start_proxy, trigger=200_000, counter="chars", log_requests=True)
+    caplog.set_level(logging.INFO, logger="agentcompact.proxy")
+    full = anthropic_history(6)
+    with httpx.Client(base_url=proxy.base_url, timeout=10) as client:
+        for turns in range(2, 6):
+            with client.stream("POST", "/v1/messages", content=orjson.dumps(
+                    {"model": "sim-model", "max_tokens": 64, "stream": True,
+                     "messages": full[: 1 + 2 * turns]}),
+                    headers={"x-session-id": "held-early"}) as response:
+                assert response.status_code == 200
+                assert b"message_stop" in response.read()
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records
+             if r.name == "agentcompact.proxy" and r.getMessage().startswith("{")]
+    assert [line["held"] for line in lines] == ["sent", "sent-early", "sent-early",
+                                                "sent-early"]
+    assert all(line["tokens_in"] and line["tokens_in"] == line["tokens_out"]
+               and line["strategy"] == "cliff" for line in lines)
+    assert [line["tokens_in"] for line in lines] == sorted({line["tokens_in"] for line in lines})
+    session = next(iter(status(proxy)["sessions"].values()))
+    assert session["requests"] == 4 and session["tokens_in"] == lines[-1]["tokens_in"]
