@@ -107,8 +107,11 @@ class CliffStrategy:
         ``Archive`` object, ``None`` (default: a new in-memory archive) or ``False``
         (no archive: skim lines still name handles, but nothing can expand them).
     :param human_floor_tokens: the room the compaction message keeps for carried human
-        text even when the kept turns would leave it less: the engine truncates the largest
-        kept tool output instead (``min_budget_tokens``). Pinned text is never dropped.
+        text, calls and decisions even when the kept turns would leave it less
+        (``min_budget_tokens``; the engine caps it at 15% of what the fixed part leaves of
+        the trigger): the engine keeps fewer recent turns and truncates the largest tool
+        outputs of older ones, and a large newest turn stays whole with the context over
+        the target (never over the trigger). Pinned text is never dropped.
     """
 
     levels: tuple[CliffLevel, ...] = DEFAULT_LEVELS
