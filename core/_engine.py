@@ -61,6 +61,8 @@ _P = ParamSpec("_P")
 
 _TAIL_SHARE = 0.75  # kept turns may use this share of the target; the rest is for rendering
 _TRUNCATE_FLOOR = 1_000  # tokens: kept messages above this may be truncated (last resort)
+_FLOOR_SHARE = 0.15  # the strategy's floor takes at most this of the trigger (fixed part aside)
+_FLOOR_MIN = 1_000  # ... or this, when it is more (never over the target, though)
 
 
 @dataclass
@@ -724,9 +726,11 @@ class Engine:
             target = budget.target_for(head_fixed + kept_tokens)
             tail = view.prefix[c] - view.prefix[cut]
             room = target - head - kept_tokens - tail
+            # the strategy's floor, scaled to what the fixed part leaves of the trigger
+            share = int(_FLOOR_SHARE * max(0, budget.trigger - head_fixed - kept_tokens))
+            floor = min(self._min_budget, max(_FLOOR_MIN, share))
             if k == len(options) - 1 or (
-                head + kept_tokens + tail <= target * _TAIL_SHARE
-                and room >= self._min_budget
+                head + kept_tokens + tail <= target * _TAIL_SHARE and room >= floor
             ):
                 break
             k += 1
@@ -737,14 +741,28 @@ class Engine:
                         "compaction cannot bring the context under it", head_fixed + kept_tokens,
                         budget.trigger)
         overrides: dict[int, tuple[str, Any, int]] = {}
-        if room < self._min_budget:  # make room: truncate the largest kept tool outputs
-            overrides = self._shrink_tail(view, cut, c, self._min_budget - room, tool_only=True,
-                                          pins=pins)
+        if room < floor:  # make room: the largest tool outputs of older kept turns first
+            overrides = self._shrink_tail(view, cut, c, floor - room, tool_only=True,
+                                          pins=pins, newest=False)
             room += sum(view.tokens[i] - t for i, (_, _, t) in overrides.items())
+        goal = target
+        if room < floor:
+            # The target is a goal, not a limit: the newest turn stays whole and the
+            # strategy keeps its floor (over the target, at most _FLOOR_SHARE of what the
+            # fixed part leaves of the trigger) as long as the trigger is met.
+            used = target - room
+            grant = max(room, min(floor, share))
+            if used + grant <= budget.trigger:
+                room, goal = grant, used + grant
+            else:  # last resort: the newest turn's tool output too, down to the target
+                overrides = self._shrink_tail(view, cut, c, floor - room, tool_only=True,
+                                              pins=pins, overrides=overrides)
+                room = target - head - kept_tokens - tail + sum(
+                    view.tokens[i] - t for i, (_, _, t) in overrides.items())
         return _Plan(
             c=c, head_len=head_len, span_start=prev_cut, cut=cut, kept=kept,
             pinned=tuple(i for i in pins if i < cut and i not in kept), pins=pins,
-            recent_turns=kept_turns[cut], target=target, budget_tokens=max(0, room),
+            recent_turns=kept_turns[cut], target=goal, budget_tokens=max(0, room),
             overrides=tuple(sorted(overrides.items())), reason=reason, level=level,
             before=state.tokens_at(view, c),
         )
@@ -836,15 +854,17 @@ class Engine:
 
     def _shrink_tail(self, view: _View, cut: int, c: int, excess: int, *, tool_only: bool,
                      pins: Sequence[int] = (),
-                     overrides: dict[int, tuple[str, Any, int]] | None = None
-                     ) -> dict[int, tuple[str, Any, int]]:
+                     overrides: dict[int, tuple[str, Any, int]] | None = None,
+                     newest: bool = True) -> dict[int, tuple[str, Any, int]]:
         """Head+tail truncate the largest kept messages of ``[cut, c)`` until ``excess``
-        tokens are saved: messages of older kept turns first, the newest turn last;
-        instructions, opaque items and compaction messages never."""
+        tokens are saved: messages of older kept turns first, the newest turn last (with
+        ``newest``; never without); instructions, opaque items and compaction messages
+        never."""
         out = dict(overrides or {})
-        newest = max((s for s in range(cut, c) if self._turn_start(view, s)), default=cut)
+        start = max((s for s in range(cut, c) if self._turn_start(view, s)), default=cut)
         msgs = view.messages
-        for group in (range(cut, newest), range(newest, c)):
+        groups = (range(cut, start), range(start, c)) if newest else (range(cut, start),)
+        for group in groups:
             for _ in range(3):  # a truncation may land a little over: refine
                 size = {i: out[i][2] if i in out else view.tokens[i] for i in group}
                 saved = 0
@@ -873,12 +893,18 @@ class Engine:
         return is_model(view.messages[i]) and (i == 0 or not is_model(view.messages[i - 1]))
 
     def _truncate_tail(self, view: _View, entry: PrefixEntry, plan: _Plan) -> PrefixEntry:
-        """Last resort: head+tail truncate the largest kept messages until under target."""
-        excess = _State(entry).tokens_at(view, plan.c) - plan.target
+        """Last resort: head+tail truncate the largest kept messages until under the plan's
+        goal; the newest turn's only over the trigger or when the plan truncated it
+        already (it alone left the strategy no room under the trigger)."""
+        total = _State(entry).tokens_at(view, plan.c)
+        excess = total - plan.target
         if excess <= 0:
             return entry
+        start = max((s for s in range(entry.cut, plan.c) if self._turn_start(view, s)),
+                    default=entry.cut)
+        newest = total > self._budget.trigger or any(i >= start for i in entry.overrides)
         overrides = self._shrink_tail(view, entry.cut, plan.c, excess, tool_only=False,
-                                      pins=plan.pins, overrides=entry.overrides)
+                                      pins=plan.pins, overrides=entry.overrides, newest=newest)
         return replace(entry, overrides=overrides)
 
     def _shrink(self, message: Any, tokens: int, keep_tokens: int) -> tuple[Any, int]:

@@ -80,8 +80,14 @@ class CliffLevel:
     keep_superseded: bool = True
 
 
+#: Level 0 already leaves out superseded output and cuts long results to 400 characters
+#: (level 1 drops thinking besides): what a compaction keeps beyond that is bulk one
+#: expand away, and the compaction message is read at every later call (docs/strategies/
+#: cliff.md "Why this default": a fuller level 0, results to 1,200 characters, costs 3%
+#: more for no canary more).
 DEFAULT_LEVELS = (
-    CliffLevel(),
+    CliffLevel(assistant_max=3_000, call_args_max=300, result_keep=500, result_max=400,
+               keep_superseded=False),
     CliffLevel(assistant_max=3_000, thinking_max=0, call_args_max=300, result_keep=500,
                result_max=400, keep_superseded=False),
     CliffLevel(assistant_max=2_000, thinking_max=0, call_args_max=200, result_keep=500,
@@ -101,14 +107,17 @@ class CliffStrategy:
         ``Archive`` object, ``None`` (default: a new in-memory archive) or ``False``
         (no archive: skim lines still name handles, but nothing can expand them).
     :param human_floor_tokens: the room the compaction message keeps for carried human
-        text even when the kept turns would leave it less: the engine truncates the largest
-        kept tool output instead (``min_budget_tokens``). Pinned text is never dropped.
+        text, calls and decisions even when the kept turns would leave it less
+        (``min_budget_tokens``; the engine caps it at 15% of what the fixed part leaves of
+        the trigger): the engine keeps fewer recent turns and truncates the largest tool
+        outputs of older ones, and a large newest turn stays whole with the context over
+        the target (never over the trigger). Pinned text is never dropped.
     """
 
     levels: tuple[CliffLevel, ...] = DEFAULT_LEVELS
     carry_forward_human: bool = True
     carry_forward_calls: bool = True
-    human_floor_tokens: int = 1_000
+    human_floor_tokens: int = 6_000
     grade_by_age: bool = True
     grade_from: int = 1
     archive: Any = None

@@ -74,3 +74,20 @@ def test_floor_keeps_human_text_when_a_kept_result_is_huge() -> None:
     assert huge not in text and f"expand {handle_of(huge)}" in text
     assert expand(archive, handle_of(huge), 0, 10**6).text == huge
     assert result.tokens_after <= 6_000 * 1.1
+
+
+def test_newest_turn_stays_whole_over_the_target_while_the_trigger_is_met() -> None:
+    """The target is a goal: a newest tool result above it (not above the trigger) is sent
+    whole, and the compaction message keeps its floor for earlier human text."""
+    msgs = build("openai_chat", [(200, [1500], 80)] * 14 + [(100, [36_000], 0)])
+    pm = new_plugin_manager()
+    pm.unregister(name=PLUGIN_NAME)  # the floor alone, no pins
+    engine = Engine("cliff", "openai_chat", Budget(16_000, 6_000, recent_turns=1), plugins=pm)
+    newest = engine.count(msgs[-1:])
+    assert 6_000 < newest < 13_000 and engine.count(msgs) > 16_000  # over the target
+    result = engine.compact(msgs)
+    assert result.compacted and result.messages[-1] == msgs[-1]  # not truncated
+    text = engine.dialect.text_of(result.messages[result.head_len])
+    humans = [m["content"] for m in msgs[2:] if m["role"] == "user"]
+    assert humans and all(h in text for h in humans)
+    assert 6_000 < result.tokens_after <= 16_000
