@@ -1,7 +1,7 @@
 """Engine figures for issue #12: fuzz histories tried / violations, and the engine's time
 per call on a 1M-token history when one message was added.
 
-    TIKTOKEN_CACHE_DIR=/work/shared/data/tiktoken .venv/bin/python \
+    TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python \
         benchmarks/core_fuzz_and_scale.py [--examples N]
 
 Prints figures, asserts nothing (see benchmarks/README.md).

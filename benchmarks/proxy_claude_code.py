@@ -35,7 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("TIKTOKEN_CACHE_DIR", "/work/shared/data/tiktoken")
+os.environ.setdefault(  # the shared data beside the checkout (../shared/data/tiktoken)
+    "TIKTOKEN_CACHE_DIR",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../shared/data/tiktoken"),
+)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402 - after the offline tiktoken setting

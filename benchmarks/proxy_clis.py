@@ -23,7 +23,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("TIKTOKEN_CACHE_DIR", "/work/shared/data/tiktoken")
+os.environ.setdefault(  # the shared data beside the checkout (../shared/data/tiktoken)
+    "TIKTOKEN_CACHE_DIR",
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../shared/data/tiktoken"),
+)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson  # noqa: E402
