@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import operator
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,7 +45,6 @@ from .._archive import Archive, ArchivedItem, handle_of, open_archive
 from .._events import DroppedItem
 from .._markers import COMPACTION_HEADER
 from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
-from .._turns import split_turns
 from ..dialects._base import LineIndex, Part, line_index, truncation_pieces
 from ..errors import PluginError
 from ._base import CompactionRequest, Rendered
@@ -121,6 +121,9 @@ class CliffStrategy:
     #: earlier cycles are rendered again at every compaction, at several levels)
     _blocks: _BlockCache = field(default_factory=lambda: _BlockCache(), init=False,
                                  compare=False, repr=False)
+    #: the calls, results and turn starts of the last history (:class:`_Scan`): the next
+    #: call's history extends it, so only the new messages are scanned
+    _scan: _Scan | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.archive = open_archive(self.archive)
@@ -140,7 +143,9 @@ class CliffStrategy:
                          self._texts)
         if self._blocks.levels != self.levels:  # entries are by level index
             self._blocks = _BlockCache(self.levels)
-        context = _Context.of(request, items, self._texts, self._blocks)
+        scan = self._scan = _Scan.of(request.dialect, request.messages, self._texts,
+                                     self._scan)
+        context = _Context.of(request, items, self._texts, self._blocks, scan)
         measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
         rates = _token_rates(items, measured)
         counter = request.meter.counter
@@ -361,23 +366,16 @@ class _Context:
 
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item],
-           texts: _TextCache | None = None, blocks: _BlockCache | None = None) -> _Context:
-        dialect = request.dialect
+           texts: _TextCache | None = None, blocks: _BlockCache | None = None,
+           scan: _Scan | None = None) -> _Context:
+        """The context of ``request`` (``scan``: :meth:`_Scan.of` its messages)."""
         texts = texts or _TextCache()
-        calls: dict[str, tuple[str, str]] = {}
-        results: dict[str, Part] = {}
-        order: list[tuple[str, str]] = []  # (key, ref) of every call, in order
-        facts = texts.facts
-        for message in request.messages:
-            for part in facts(dialect, message)[3]:
-                if part.kind == "tool_call":
-                    calls[part.ref] = (part.name, part.text)
-                    order.append((_call_key(part.name, part.text), part.ref))
-                elif part.kind == "tool_result":
-                    results[part.ref] = part
+        if scan is None:
+            scan = _Scan.of(request.dialect, request.messages, texts)
+        order = scan.order
         last = {key: ref for key, ref in order}
         superseded = frozenset(ref for key, ref in order if last[key] != ref)
-        starts = split_turns(request.messages, dialect).starts
+        calls, results, starts = scan.calls, scan.results, scan.starts
         rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
                     and not it.pinned for p in it.parts if p.kind == "tool_call"}
         context = cls(starts, calls, results, superseded, rendered, texts,
@@ -413,6 +411,57 @@ class _Context:
 
     def turn(self, index: int) -> int:
         return bisect.bisect_right(self.turn_starts, index)
+
+
+class _Scan:
+    """The calls, results and turn starts of a history, built on from the scan of a
+    history it extends (the engine is called with an append-only history: between calls
+    the messages of the last one are the same objects, followed by new ones). Never
+    changed once made (:meth:`of` makes a new one), so threads sharing a strategy can
+    share scans."""
+
+    __slots__ = ("calls", "dialect", "messages", "model", "order", "results", "starts")
+
+    def __init__(self, dialect: Any, messages: tuple[Any, ...],
+                 calls: dict[str, tuple[str, str]], results: dict[str, Part],
+                 order: list[tuple[str, str]], starts: tuple[int, ...], model: bool) -> None:
+        self.dialect, self.messages = dialect, messages
+        self.calls = calls  # call ref -> (tool name, arguments)
+        self.results = results  # call ref -> the result answering it
+        self.order = order  # (key, ref) of every call, in order
+        self.starts = starts  # turn starts (``split_turns(messages).starts``)
+        self.model = model  # whether the last message is model output
+
+    @classmethod
+    def of(cls, dialect: Any, messages: Sequence[Any], texts: _TextCache,
+           previous: _Scan | None = None) -> _Scan:
+        """The scan of ``messages``, from ``previous`` when they extend its messages."""
+        n = 0
+        if (previous is not None and previous.dialect is dialect
+                and len(previous.messages) <= len(messages)
+                and all(map(operator.is_, previous.messages, messages))):
+            n = len(previous.messages)
+            if n == len(messages):
+                return previous
+            calls, results = dict(previous.calls), dict(previous.results)
+            order, starts, model = list(previous.order), list(previous.starts), previous.model
+        else:
+            calls, results, order, starts, model = {}, {}, [], [], False
+        facts = texts.facts
+        is_model = dialect.is_model_output
+        for i in range(n, len(messages)):
+            message = messages[i]
+            for part in facts(dialect, message)[3]:
+                if part.kind == "tool_call":
+                    calls[part.ref] = (part.name, part.text)
+                    order.append((_call_key(part.name, part.text), part.ref))
+                elif part.kind == "tool_result":
+                    results[part.ref] = part
+            now = is_model(message)
+            if now and not model:
+                starts.append(i)
+            model = now
+        return cls(dialect, tuple(messages), calls, results, order, tuple(starts), model)
 
 
 _Facts = tuple[str, bool, tuple[Part, ...], tuple[Part, ...]]
