@@ -536,11 +536,15 @@ class _Entry:
     """One item's renderings, by level index and by :func:`_shape`, and lower bounds of
     their characters by level index (:func:`_min_chars`)."""
 
-    __slots__ = ("blocks", "mins")
+    __slots__ = ("blocks", "mins", "skimmed")
 
     def __init__(self) -> None:
         self.blocks: dict[Any, _Block] = {}
         self.mins: dict[int, int] = {}
+        #: the item's parts archived with their skim lines, its skim rendering, and the
+        #: archived part by the part's position (``_render``)
+        self.skimmed: tuple[list[ArchivedItem], list[Seg], dict[int, ArchivedItem]] | None \
+            = None
 
 
 class _BlockCache:
@@ -794,25 +798,25 @@ def _join(label: str, pieces: Sequence[list[Seg]]) -> list[Seg]:
 def _render(request: CompactionRequest, context: _Context, item: _Item, caps: CliffLevel
             ) -> _Block:
     label = _LABELS.get(item.role, f"[{item.role}]")
-    key = ("skimmed", item.index)
-    found: tuple[list[ArchivedItem], list[Seg], dict[int, ArchivedItem]] | None = \
-        context.memo.get(key)
-    if found is None:  # the same at every level
-        with_text = [p for p in item.parts if p.text]
-        skimmed = [_archived(context, item, p) for p in with_text]
-        found = context.memo[key] = (skimmed, _join(label, [[(False, a.skim)] for a in skimmed]),
-                                     {id(p): a for p, a in zip(with_text, skimmed)})
+    entry = context.entry(item)
+    found = entry.skimmed
+    if found is None:  # the same at every level, and across calls (the entry's key holds
+        #                what skim lines read: turn, parts, the calls results answer)
+        with_text = [k for k, p in enumerate(item.parts) if p.text]
+        skimmed = [_archived(context, item, item.parts[k]) for k in with_text]
+        found = entry.skimmed = (skimmed, _join(label, [[(False, a.skim)] for a in skimmed]),
+                                 dict(zip(with_text, skimmed)))
     skimmed, skim, archived_of = found
     if item.override is not None:
         full = _join(label, [[(True, piece)] for piece in item.override])
         return _Block(full, skim, skimmed, skimmed, True)
     pieces, alone, archived, cut = [], [], [], False
     calls: set[str] = set()
-    for part in item.parts:
+    for k, part in enumerate(item.parts):
         segs, left_out = _render_part(context, item, part, caps)
         pieces.append(segs)
         if left_out and part.text:
-            archived.append(archived_of[id(part)])
+            archived.append(archived_of[k])
             cut = True
         if part.kind == "tool_result" and not segs and part.ref in context.call_items:
             calls.add(part.ref)

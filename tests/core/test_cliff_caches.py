@@ -100,6 +100,18 @@ def test_a_warm_strategy_renders_as_a_fresh_one(msgs: list[Any], budget: int) ->
         assert same(warm.compact(req), CliffStrategy(archive=False).compact(req))
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(msgs=histories(), budget=st.integers(300, 12_000))
+def test_a_warm_strategy_given_fresh_copies_renders_as_a_fresh_one(msgs: list[Any],
+                                                                   budget: int) -> None:
+    """Each call parses its history afresh (a server): equal messages, other objects, so
+    the renderings kept under equal keys are reused with other part objects."""
+    warm = CliffStrategy(archive=False)
+    for req in requests(msgs, budget):
+        copied = replace(req, messages=json.loads(json.dumps(list(req.messages))))
+        assert same(warm.compact(copied), CliffStrategy(archive=False).compact(req))
+
+
 def test_a_carried_call_re_run_later_is_rendered_superseded() -> None:
     """The same carried item renders differently once a later call supersedes its
     result: the cache key holds the superseded state of the refs it names."""
