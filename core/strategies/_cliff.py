@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import json
 import operator
 from collections.abc import Sequence
@@ -305,19 +306,21 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
              cache: _TextCache | None = None) -> list[_Item]:
     """The messages to render: the span, and from earlier cycles the pinned messages and
     (with ``carry``) the human ones (with ``carry_calls`` all the others too)."""
-    dialect = request.dialect
+    dialect, messages, kept, span_start = (request.dialect, request.messages, request.kept,
+                                           request.span_start)
     pins = request.pins_possible
+    found = request.pins  # the engine's (``pinned`` answers from them)
+    pinned_at = request.pinned if found is None else found.__contains__
     hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
     items: list[_Item] = []
     facts = (cache or _TextCache()).facts
-    indices = list(request.earlier())
-    for i in [*indices, *request.span()]:
-        message = request.messages[i]
+    for i in itertools.chain(request.earlier(), request.span()):
+        message = messages[i]
         role, synthetic, parts, _ = facts(dialect, message)
-        if synthetic or request.keeps(i):
+        if synthetic or i in kept:  # ``request.keeps(i)``
             continue  # never compact a compaction; the engine sends kept ones itself
-        carried = i < request.span_start
-        pinned = pins and request.pinned(i)
+        carried = i < span_start
+        pinned = pins and pinned_at(i)
         if carried and not pinned and not (
             carry and (role in _HUMAN_ROLES or carry_calls)
         ):
