@@ -650,7 +650,7 @@ class Engine:
             messages=view.messages[:c], dialect=self._dialect, head_len=plan.head_len,
             span_start=plan.span_start, cut=plan.cut, budget_tokens=plan.budget_tokens,
             meter=self._meter, pm=self._pm, level=level, episode_id=self._episode_id,
-            reason=reason, kept=frozenset(plan.kept),
+            reason=reason, kept=frozenset(plan.kept), pins=frozenset(plan.pins),
         )
         errors: list[str] = []
         checked: _Checked | None = None

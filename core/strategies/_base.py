@@ -58,6 +58,10 @@ class CompactionRequest:
     """Indices of ``[head_len, cut)`` the engine sends verbatim as their own messages
     (instructions, items the dialect does not model, compaction messages fed back in):
     a strategy leaves them out of its message (:meth:`keeps`)."""
+    pins: frozenset[int] | None = None
+    """Indices the engine found pinned (``agentcompact_pin``) when it planned the cut, of
+    the messages from ``head_len`` on that are not synthetic; ``None`` (a request built
+    elsewhere): :meth:`pinned` asks the hook."""
 
     def keeps(self, index: int) -> bool:
         """True when the engine itself sends ``messages[index]`` verbatim: render nothing
@@ -65,7 +69,10 @@ class CompactionRequest:
         return index in self.kept
 
     def pinned(self, index: int) -> bool:
-        """True when a plugin pins ``messages[index]`` (``agentcompact_pin``)."""
+        """True when a plugin pins ``messages[index]`` (``agentcompact_pin``), from
+        :attr:`pins` when the engine filled it."""
+        if self.pins is not None:
+            return index in self.pins
         if not self.pins_possible:
             return False
         results = self.pm.hook.agentcompact_pin(

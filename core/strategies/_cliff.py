@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import json
+import operator
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,7 +46,6 @@ from .._archive import Archive, ArchivedItem, handle_of, open_archive
 from .._events import DroppedItem
 from .._markers import COMPACTION_HEADER
 from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
-from .._turns import split_turns
 from ..dialects._base import LineIndex, Part, line_index, truncation_pieces
 from ..errors import PluginError
 from ._base import CompactionRequest, Rendered
@@ -130,6 +131,9 @@ class CliffStrategy:
     #: earlier cycles are rendered again at every compaction, at several levels)
     _blocks: _BlockCache = field(default_factory=lambda: _BlockCache(), init=False,
                                  compare=False, repr=False)
+    #: the calls, results and turn starts of the last history (:class:`_Scan`): the next
+    #: call's history extends it, so only the new messages are scanned
+    _scan: _Scan | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.archive = open_archive(self.archive)
@@ -149,7 +153,9 @@ class CliffStrategy:
                          self._texts)
         if self._blocks.levels != self.levels:  # entries are by level index
             self._blocks = _BlockCache(self.levels)
-        context = _Context.of(request, items, self._texts, self._blocks)
+        scan = self._scan = _Scan.of(request.dialect, request.messages, self._texts,
+                                     self._scan)
+        context = _Context.of(request, items, self._texts, self._blocks, scan)
         measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
         rates = _token_rates(items, measured)
         counter = request.meter.counter
@@ -309,19 +315,21 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
              cache: _TextCache | None = None) -> list[_Item]:
     """The messages to render: the span, and from earlier cycles the pinned messages and
     (with ``carry``) the human ones (with ``carry_calls`` all the others too)."""
-    dialect = request.dialect
+    dialect, messages, kept, span_start = (request.dialect, request.messages, request.kept,
+                                           request.span_start)
     pins = request.pins_possible
+    found = request.pins  # the engine's (``pinned`` answers from them)
+    pinned_at = request.pinned if found is None else found.__contains__
     hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
     items: list[_Item] = []
     facts = (cache or _TextCache()).facts
-    indices = list(request.earlier())
-    for i in [*indices, *request.span()]:
-        message = request.messages[i]
+    for i in itertools.chain(request.earlier(), request.span()):
+        message = messages[i]
         role, synthetic, parts, _ = facts(dialect, message)
-        if synthetic or request.keeps(i):
+        if synthetic or i in kept:  # ``request.keeps(i)``
             continue  # never compact a compaction; the engine sends kept ones itself
-        carried = i < request.span_start
-        pinned = pins and request.pinned(i)
+        carried = i < span_start
+        pinned = pins and pinned_at(i)
         if carried and not pinned and not (
             carry and (role in _HUMAN_ROLES or carry_calls)
         ):
@@ -370,23 +378,16 @@ class _Context:
 
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item],
-           texts: _TextCache | None = None, blocks: _BlockCache | None = None) -> _Context:
-        dialect = request.dialect
+           texts: _TextCache | None = None, blocks: _BlockCache | None = None,
+           scan: _Scan | None = None) -> _Context:
+        """The context of ``request`` (``scan``: :meth:`_Scan.of` its messages)."""
         texts = texts or _TextCache()
-        calls: dict[str, tuple[str, str]] = {}
-        results: dict[str, Part] = {}
-        order: list[tuple[str, str]] = []  # (key, ref) of every call, in order
-        facts = texts.facts
-        for message in request.messages:
-            for part in facts(dialect, message)[3]:
-                if part.kind == "tool_call":
-                    calls[part.ref] = (part.name, part.text)
-                    order.append((_call_key(part.name, part.text), part.ref))
-                elif part.kind == "tool_result":
-                    results[part.ref] = part
+        if scan is None:
+            scan = _Scan.of(request.dialect, request.messages, texts)
+        order = scan.order
         last = {key: ref for key, ref in order}
         superseded = frozenset(ref for key, ref in order if last[key] != ref)
-        starts = split_turns(request.messages, dialect).starts
+        calls, results, starts = scan.calls, scan.results, scan.starts
         rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
                     and not it.pinned for p in it.parts if p.kind == "tool_call"}
         context = cls(starts, calls, results, superseded, rendered, texts,
@@ -422,6 +423,57 @@ class _Context:
 
     def turn(self, index: int) -> int:
         return bisect.bisect_right(self.turn_starts, index)
+
+
+class _Scan:
+    """The calls, results and turn starts of a history, built on from the scan of a
+    history it extends (the engine is called with an append-only history: between calls
+    the messages of the last one are the same objects, followed by new ones). Never
+    changed once made (:meth:`of` makes a new one), so threads sharing a strategy can
+    share scans."""
+
+    __slots__ = ("calls", "dialect", "messages", "model", "order", "results", "starts")
+
+    def __init__(self, dialect: Any, messages: tuple[Any, ...],
+                 calls: dict[str, tuple[str, str]], results: dict[str, Part],
+                 order: list[tuple[str, str]], starts: tuple[int, ...], model: bool) -> None:
+        self.dialect, self.messages = dialect, messages
+        self.calls = calls  # call ref -> (tool name, arguments)
+        self.results = results  # call ref -> the result answering it
+        self.order = order  # (key, ref) of every call, in order
+        self.starts = starts  # turn starts (``split_turns(messages).starts``)
+        self.model = model  # whether the last message is model output
+
+    @classmethod
+    def of(cls, dialect: Any, messages: Sequence[Any], texts: _TextCache,
+           previous: _Scan | None = None) -> _Scan:
+        """The scan of ``messages``, from ``previous`` when they extend its messages."""
+        n = 0
+        if (previous is not None and previous.dialect is dialect
+                and len(previous.messages) <= len(messages)
+                and all(map(operator.is_, previous.messages, messages))):
+            n = len(previous.messages)
+            if n == len(messages):
+                return previous
+            calls, results = dict(previous.calls), dict(previous.results)
+            order, starts, model = list(previous.order), list(previous.starts), previous.model
+        else:
+            calls, results, order, starts, model = {}, {}, [], [], False
+        facts = texts.facts
+        is_model = dialect.is_model_output
+        for i in range(n, len(messages)):
+            message = messages[i]
+            for part in facts(dialect, message)[3]:
+                if part.kind == "tool_call":
+                    calls[part.ref] = (part.name, part.text)
+                    order.append((_call_key(part.name, part.text), part.ref))
+                elif part.kind == "tool_result":
+                    results[part.ref] = part
+            now = is_model(message)
+            if now and not model:
+                starts.append(i)
+            model = now
+        return cls(dialect, tuple(messages), calls, results, order, tuple(starts), model)
 
 
 _Facts = tuple[str, bool, tuple[Part, ...], tuple[Part, ...]]
@@ -496,11 +548,15 @@ class _Entry:
     """One item's renderings, by level index and by :func:`_shape`, and lower bounds of
     their characters by level index (:func:`_min_chars`)."""
 
-    __slots__ = ("blocks", "mins")
+    __slots__ = ("blocks", "mins", "skimmed")
 
     def __init__(self) -> None:
         self.blocks: dict[Any, _Block] = {}
         self.mins: dict[int, int] = {}
+        #: the item's parts archived with their skim lines, its skim rendering, and the
+        #: archived part by the part's position (``_render``)
+        self.skimmed: tuple[list[ArchivedItem], list[Seg], dict[int, ArchivedItem]] | None \
+            = None
 
 
 class _BlockCache:
@@ -754,25 +810,25 @@ def _join(label: str, pieces: Sequence[list[Seg]]) -> list[Seg]:
 def _render(request: CompactionRequest, context: _Context, item: _Item, caps: CliffLevel
             ) -> _Block:
     label = _LABELS.get(item.role, f"[{item.role}]")
-    key = ("skimmed", item.index)
-    found: tuple[list[ArchivedItem], list[Seg], dict[int, ArchivedItem]] | None = \
-        context.memo.get(key)
-    if found is None:  # the same at every level
-        with_text = [p for p in item.parts if p.text]
-        skimmed = [_archived(context, item, p) for p in with_text]
-        found = context.memo[key] = (skimmed, _join(label, [[(False, a.skim)] for a in skimmed]),
-                                     {id(p): a for p, a in zip(with_text, skimmed)})
+    entry = context.entry(item)
+    found = entry.skimmed
+    if found is None:  # the same at every level, and across calls (the entry's key holds
+        #                what skim lines read: turn, parts, the calls results answer)
+        with_text = [k for k, p in enumerate(item.parts) if p.text]
+        skimmed = [_archived(context, item, item.parts[k]) for k in with_text]
+        found = entry.skimmed = (skimmed, _join(label, [[(False, a.skim)] for a in skimmed]),
+                                 dict(zip(with_text, skimmed)))
     skimmed, skim, archived_of = found
     if item.override is not None:
         full = _join(label, [[(True, piece)] for piece in item.override])
         return _Block(full, skim, skimmed, skimmed, True)
     pieces, alone, archived, cut = [], [], [], False
     calls: set[str] = set()
-    for part in item.parts:
+    for k, part in enumerate(item.parts):
         segs, left_out = _render_part(context, item, part, caps)
         pieces.append(segs)
         if left_out and part.text:
-            archived.append(archived_of[id(part)])
+            archived.append(archived_of[k])
             cut = True
         if part.kind == "tool_result" and not segs and part.ref in context.call_items:
             calls.add(part.ref)

@@ -2,7 +2,9 @@
 
 Renderings are kept across calls (``_BlockCache``), levels are skipped on lower bounds of
 the sizes (``_min_chars``) and the message's tokens are summed from counts of its
-renderings (``_counted``): each test compares against the plain computation (a fresh
+renderings (``_counted``), the history's calls and turns are scanned on from the last
+call's (``_Scan``) and the engine hands its pins over (``CompactionRequest.pins``): each
+test compares against the plain computation (a fresh
 strategy, the rendered text, one count of the whole text).
 """
 
@@ -16,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentcompact import get_dialect, new_plugin_manager, split_turns
+from agentcompact import Budget, Engine, get_dialect, hookimpl, new_plugin_manager, split_turns
 from agentcompact._tokens import MessageMeter, TiktokenCounter
 from agentcompact.dialects._base import Part
 from agentcompact.strategies import CompactionRequest, Rendered
@@ -27,6 +29,7 @@ from agentcompact.strategies._cliff import (
     _collect,
     _Context,
     _min_chars,
+    _Scan,
     _TextCache,
 )
 
@@ -95,6 +98,18 @@ def test_a_warm_strategy_renders_as_a_fresh_one(msgs: list[Any], budget: int) ->
     warm = CliffStrategy(archive=False)
     for req in requests(msgs, budget):
         assert same(warm.compact(req), CliffStrategy(archive=False).compact(req))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(msgs=histories(), budget=st.integers(300, 12_000))
+def test_a_warm_strategy_given_fresh_copies_renders_as_a_fresh_one(msgs: list[Any],
+                                                                   budget: int) -> None:
+    """Each call parses its history afresh (a server): equal messages, other objects, so
+    the renderings kept under equal keys are reused with other part objects."""
+    warm = CliffStrategy(archive=False)
+    for req in requests(msgs, budget):
+        copied = replace(req, messages=json.loads(json.dumps(list(req.messages))))
+        assert same(warm.compact(copied), CliffStrategy(archive=False).compact(req))
 
 
 def test_a_carried_call_re_run_later_is_rendered_superseded() -> None:
@@ -190,3 +205,70 @@ def test_the_block_cache_is_bounded_by_entries_and_characters() -> None:
     for key in "defg":
         cache.entry(key)
     assert len(cache._entries) <= 3
+
+
+def scan_fields(scan: _Scan) -> tuple[Any, ...]:
+    return scan.calls, scan.results, scan.order, scan.starts, scan.model
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(msgs=histories(), data=st.data())
+def test_a_scan_built_on_is_the_scan_of_the_whole_history(msgs: list[Any], data: Any) -> None:
+    """``_Scan.of`` from the scan of a shorter history: the same calls, results, call
+    order and turn starts as a scan from scratch; a history that does not extend it (a
+    message replaced, or shorter) is scanned afresh."""
+    dialect = get_dialect("openai_chat", new_plugin_manager())
+    texts = _TextCache()
+    ends = sorted(data.draw(st.lists(st.integers(0, len(msgs)), max_size=6)))
+    scan = None
+    for end in [*ends, len(msgs)]:
+        scan = _Scan.of(dialect, msgs[:end], texts, scan)
+        fresh = _Scan.of(dialect, msgs[:end], _TextCache())
+        assert scan_fields(scan) == scan_fields(fresh)
+        assert scan.starts == split_turns(msgs[:end], dialect).starts
+    k = data.draw(st.integers(0, len(msgs) - 1))
+    other = [*msgs[:k], {**msgs[k]}, *msgs[k + 1:]]  # equal, but another object
+    other[k]["content"] = "replaced"
+    if msgs[k].get("tool_calls"):
+        other[k]["tool_calls"] = [{**msgs[k]["tool_calls"][0], "id": "new-ref"}]
+    for history in (other, msgs[:k]):
+        assert scan_fields(_Scan.of(dialect, history, texts, scan)) == scan_fields(
+            _Scan.of(dialect, history, _TextCache()))
+
+
+def test_the_engine_hands_the_strategy_its_pins() -> None:
+    """``CompactionRequest.pins``: the engine fills it from its plan (every message the
+    hook pins, synthetic ones aside), ``pinned()`` answers from it without asking the
+    hook again, and a request without it asks the hook: the same rendering."""
+    pm = new_plugin_manager()
+    asked: list[int] = []
+
+    class Pin:
+        @hookimpl
+        def agentcompact_pin(self, message: Any, index: int, dialect: Any) -> bool:
+            asked.append(index)
+            return index % 5 == 3
+
+    pm.register(Pin())
+    seen: list[CompactionRequest] = []
+
+    class Recording(CliffStrategy):
+        def compact(self, request: CompactionRequest) -> Rendered:
+            seen.append(request)
+            before = len(asked)
+            rendered = super().compact(request)
+            assert len(asked) == before  # answered from ``pins``
+            return rendered
+
+    msgs = build("openai_chat", [(300, [1500, 900], 60), (2500, [3000], 0)] * 4)
+    engine = Engine(Recording(archive=False), "openai_chat", Budget(8000, 6000), plugins=pm)
+    for c in range(2, len(msgs) + 1):
+        engine.compact(msgs[:c])
+    assert seen and any(req.pins for req in seen)
+    for req in seen:
+        assert req.pins == {i for i in range(req.head_len, len(req.messages))
+                            if i % 5 == 3 and not req.dialect.is_synthetic(req.messages[i])}
+        asking = replace(req, pins=None)
+        rendered, before = CliffStrategy(archive=False).compact(req), len(asked)
+        assert same(rendered, CliffStrategy(archive=False).compact(asking))
+        assert len(asked) > before  # without ``pins``, the hook is asked
