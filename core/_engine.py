@@ -744,7 +744,7 @@ class Engine:
         if room < floor:  # make room: the largest tool outputs of older kept turns first
             overrides = self._shrink_tail(view, cut, c, floor - room, tool_only=True,
                                           pins=pins, newest=False)
-            room += sum(view.tokens[i] - t for i, (_, _, t) in overrides.items())
+            room += _saved(view, overrides)
         goal = target
         if room < floor:
             # The target is a goal, not a limit: the newest turn stays whole and the
@@ -757,8 +757,7 @@ class Engine:
             else:  # last resort: the newest turn's tool output too, down to the target
                 overrides = self._shrink_tail(view, cut, c, floor - room, tool_only=True,
                                               pins=pins, overrides=overrides)
-                room = target - head - kept_tokens - tail + sum(
-                    view.tokens[i] - t for i, (_, _, t) in overrides.items())
+                room = target - head - kept_tokens - tail + _saved(view, overrides)
         return _Plan(
             c=c, head_len=head_len, span_start=prev_cut, cut=cut, kept=kept,
             pinned=tuple(i for i in pins if i < cut and i not in kept), pins=pins,
@@ -861,7 +860,7 @@ class Engine:
         ``newest``; never without); instructions, opaque items and compaction messages
         never."""
         out = dict(overrides or {})
-        start = max((s for s in range(cut, c) if self._turn_start(view, s)), default=cut)
+        start = self._newest_turn(view, cut, c)
         msgs = view.messages
         groups = (range(cut, start), range(start, c)) if newest else (range(cut, start),)
         for group in groups:
@@ -892,6 +891,11 @@ class Engine:
         is_model = self._dialect.is_model_output
         return is_model(view.messages[i]) and (i == 0 or not is_model(view.messages[i - 1]))
 
+    def _newest_turn(self, view: _View, cut: int, c: int) -> int:
+        """Where the newest turn of the kept messages ``[cut, c)`` starts (``cut`` if none
+        does)."""
+        return max((s for s in range(cut, c) if self._turn_start(view, s)), default=cut)
+
     def _truncate_tail(self, view: _View, entry: PrefixEntry, plan: _Plan) -> PrefixEntry:
         """Last resort: head+tail truncate the largest kept messages until under the plan's
         goal; the newest turn's only over the trigger or when the plan truncated it
@@ -900,8 +904,7 @@ class Engine:
         excess = total - plan.target
         if excess <= 0:
             return entry
-        start = max((s for s in range(entry.cut, plan.c) if self._turn_start(view, s)),
-                    default=entry.cut)
+        start = self._newest_turn(view, entry.cut, plan.c)
         newest = total > self._budget.trigger or any(i >= start for i in entry.overrides)
         overrides = self._shrink_tail(view, entry.cut, plan.c, excess, tool_only=False,
                                       pins=plan.pins, overrides=entry.overrides, newest=newest)
@@ -1049,6 +1052,11 @@ class Engine:
                                       f"{type(decided).__name__}; expected True, False or None")
                 return decided
         return tokens > self._budget.trigger
+
+
+def _saved(view: _View, overrides: dict[int, tuple[str, Any, int]]) -> int:
+    """Tokens the truncated copies in ``overrides`` save over the messages they replace."""
+    return sum(view.tokens[i] - t for i, (_, _, t) in overrides.items())
 
 
 def _common(a: list[Any], b: list[Any], k: int) -> int:
