@@ -37,13 +37,13 @@ import bisect
 import functools
 import itertools
 import json
-import operator
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._archive import Archive, ArchivedItem, handle_of, open_archive
 from .._events import DroppedItem
+from .._interner import same_objects
 from .._markers import COMPACTION_HEADER
 from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
 from ..dialects._base import LineIndex, Part, line_index, truncation_pieces
@@ -451,7 +451,7 @@ class _Scan:
         n = 0
         if (previous is not None and previous.dialect is dialect
                 and len(previous.messages) <= len(messages)
-                and all(map(operator.is_, previous.messages, messages))):
+                and same_objects(previous.messages, messages) == len(previous.messages)):
             n = len(previous.messages)
             if n == len(messages):
                 return previous
@@ -492,10 +492,6 @@ class _TextCache:
         self._lines: dict[str, LineIndex] = {}
         self._parts: dict[int, tuple[Any, Any, _Facts]] = {}
         self._chars = 0
-
-    def parts(self, dialect: Any, message: Any) -> tuple[Part, ...]:
-        """``dialect.parts(message)``, kept by the message's identity (:meth:`facts`)."""
-        return self.facts(dialect, message)[2]
 
     def facts(self, dialect: Any, message: Any) -> _Facts:
         """The message's role, whether it is synthetic, its parts and its tool-call and
