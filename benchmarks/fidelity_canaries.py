@@ -240,13 +240,17 @@ def main() -> None:
                 (item.split("=", 1) for item in args.set)}
     meter = MessageMeter(TiktokenCounter(), get_dialect("anthropic"))
     ours, theirs = Tally(), Tally()
+    per_session = []
     for path in CLAUDE[: args.sessions]:
+        before = ours.cost, theirs.cost
         original = load(path)[0].messages
         for depth in args.depths:
             messages = copy.deepcopy(original)
             tag = f"{path.stem[:4]}{int(depth * 100):02d}"
             texts = plant(messages, depth, tag)
             run(messages, args.trigger, args.target, meter, texts, ours, theirs, settings)
+        ratio = (ours.cost - before[0]) / (theirs.cost - before[1])
+        per_session.append(f"{path.stem[:8]} {ratio:.3f}")
     target = Budget(trigger_tokens=args.trigger, target_tokens=args.target).target
     print(f"trigger {args.trigger:,}, target {target:,}; {args.sessions} sessions x "
           f"{len(args.depths)} depths")
@@ -271,6 +275,7 @@ def main() -> None:
                   f"{tally.tokens / max(tally.calls, 1):,.0f} tokens, written "
                   f"{tally.written:,} ({tally.written / max(tally.tokens, 1):.1%}), "
                   f"context shrank {tally.compactions} times")
+        print(f"cost with caching by session: {', '.join(per_session)}")
 
 
 if __name__ == "__main__":
