@@ -139,6 +139,10 @@ class Tally:
     present: int = 0
     reachable: int = 0
     cost: float = 0.0
+    calls: int = 0
+    tokens: int = 0
+    written: int = 0
+    compactions: int = 0
     levels: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
 
@@ -206,8 +210,14 @@ def run(messages: list[Any], trigger: int, target: int | None, meter: MessageMet
             tally.expandable[kind] += inside or (k == 0 and _reachable(string, handles, archive))
             if VERBOSE and not inside:
                 print(f"  lost by {('agentcompact', 'CliffCompaction')[k]}: {kind} {string!r}")
-    ours.cost += costs[0].cost
-    theirs.cost += costs[1].cost
+    for cost, tally in zip(costs, (ours, theirs)):
+        tally.cost += cost.cost
+        tally.calls += len(cost.calls)
+        tally.tokens += cost.total_tokens
+        tally.written += cost.total_tokens - cost.cached_tokens
+        # a compaction rewrites a prefix: a call whose cached part is below the last's
+        tally.compactions += sum(1 for a, b in zip(cost.calls, cost.calls[1:])
+                                 if b.tokens < a.tokens)
 
 
 def main() -> None:
@@ -217,6 +227,8 @@ def main() -> None:
     parser.add_argument("--depths", type=float, nargs="*", default=[0.1, 0.3, 0.5, 0.7, 0.9])
     parser.add_argument("--sessions", type=int, default=len(CLAUDE))
     parser.add_argument("--verbose", action="store_true", help="name each canary lost")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="where the cost goes: mean context, tokens written, compactions")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
                         help="a cliff strategy setting to try (repeatable)")
     args = parser.parse_args()
@@ -228,13 +240,17 @@ def main() -> None:
                 (item.split("=", 1) for item in args.set)}
     meter = MessageMeter(TiktokenCounter(), get_dialect("anthropic"))
     ours, theirs = Tally(), Tally()
+    per_session = []
     for path in CLAUDE[: args.sessions]:
+        before = ours.cost, theirs.cost
         original = load(path)[0].messages
         for depth in args.depths:
             messages = copy.deepcopy(original)
             tag = f"{path.stem[:4]}{int(depth * 100):02d}"
             texts = plant(messages, depth, tag)
             run(messages, args.trigger, args.target, meter, texts, ours, theirs, settings)
+        ratio = (ours.cost - before[0]) / (theirs.cost - before[1])
+        per_session.append(f"{path.stem[:8]} {ratio:.3f}")
     target = Budget(trigger_tokens=args.trigger, target_tokens=args.target).target
     print(f"trigger {args.trigger:,}, target {target:,}; {args.sessions} sessions x "
           f"{len(args.depths)} depths")
@@ -253,6 +269,13 @@ def main() -> None:
           f"({theirs.needed} needed)")
     print(f"cost with caching, agentcompact / CliffCompaction: {ours.cost / theirs.cost:.3f}")
     print(f"agentcompact compactions by level: {dict(sorted(ours.levels.items()))}")
+    if args.breakdown:
+        for name, tally in (("agentcompact", ours), ("CliffCompaction", theirs)):
+            print(f"{name:16} calls {tally.calls}, mean context "
+                  f"{tally.tokens / max(tally.calls, 1):,.0f} tokens, written "
+                  f"{tally.written:,} ({tally.written / max(tally.tokens, 1):.1%}), "
+                  f"context shrank {tally.compactions} times")
+        print(f"cost with caching by session: {', '.join(per_session)}")
 
 
 if __name__ == "__main__":

@@ -18,12 +18,12 @@ __all__ = ["DEFAULT_TARGET_SHARE", "Budget"]
 #: trigger: ``target = fixed + DEFAULT_TARGET_SHARE * (trigger - fixed)``. Measured with
 #: the cliff strategy grading by age (benchmarks/fidelity_canaries.py; docs/strategies/
 #: cliff.md has the table): at 0.35 every kind of canary survives more often than with
-#: CliffCompaction on the real Claude Code sessions (88% vs 64%) and 25 of 30 compactions
-#: end at level 0 or 1, for 6.9% more input cost with prompt caching; 0.33 is as good but
-#: close to a cliff (at 0.30, 73%, paths fall behind, cost +3.5%; with a 9k cliff floor
-#: 0.30 keeps every kind ahead at +5.5%). No share measured meets both the fidelity and the
-#: cost goal. The target is a goal, not a limit: a large newest turn stays whole and the
-#: context goes over it, never over the trigger (docs/engine.md, "Room for the strategy").
+#: CliffCompaction on the real Claude Code sessions (89% vs 64%) and 25 of 30 compactions
+#: end at level 0 or 1, for 5.0% more input cost with prompt caching; a 19k target keeps
+#: every kind ahead at the same cost (at 0.30, 74%, paths fall behind, +2.8%). No share meets
+#: both the fidelity and the cost goal. The target is a goal, not a limit: a large newest
+#: turn stays whole and the context goes over it, never over the trigger (docs/engine.md,
+#: "Room for the strategy").
 DEFAULT_TARGET_SHARE = 0.35
 
 

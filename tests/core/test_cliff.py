@@ -166,3 +166,28 @@ def test_a_strategy_reused_across_calls_renders_as_a_fresh_one(name: str) -> Non
         assert req.dialect.text_of(first.message) == req.dialect.text_of(fresh.message) \
             == req.dialect.text_of(again.message)
         assert first.level == fresh.level == again.level
+
+
+def test_a_cap_cuts_only_what_costs_more_than_its_marker() -> None:
+    # a cut marker names a handle (~19 tokens): a text over its cap by fewer characters than
+    # that stays whole; one far over it is cut, marked, and archived under its handle
+    from agentcompact._archive import MemoryArchive, handle_of
+    from agentcompact.strategies._cliff import _SLACK, CliffLevel
+
+    near = "".join(f"near{i:03d} " for i in range(20))[:150]  # 50 over its cap of 100
+    assert 150 - 100 < _SLACK
+    far = "".join(f"far{i:03d} " for i in range(60))
+    msgs: list[Any] = []
+    for k, text in enumerate([near, far, "ok", "ok"]):
+        msgs += [{"role": "user", "content": f"step {k}"}, {"role": "assistant", "content": text}]
+    msgs.append({"role": "user", "content": "go on"})
+    archive = MemoryArchive()
+    strategy = CliffStrategy(levels=(CliffLevel(assistant_max=100),), archive=archive)
+    req = request("openai_chat", msgs)
+    assert req.cut > 3  # both long texts are in the span
+    text = strategy.compact(req).message["content"]
+    assert near in text and handle_of(near) not in text
+    assert far not in text and f"expand {handle_of(far)}" in text
+    assert far[:40] in text and far[-40:] in text
+    found = archive.get(handle_of(far))
+    assert found is not None and found.text == far
