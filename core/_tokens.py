@@ -214,6 +214,57 @@ class MessageMeter:
             self._count_missing(messages, missing, digests, tokens, counted)
         return Measured(digests, tokens)
 
+    def measure_deferred(self, messages: Sequence[Any]) -> tuple[Measured, dict[int, int]]:
+        """Digests and the cached counts of ``messages``, tokenizing nothing: a message
+        never counted has ``-1`` and, in the dict returned beside, its index and an upper
+        bound of its count (what :meth:`bound` takes for it). :meth:`count_deferred`
+        counts those later, exactly. Only for a counter that declares
+        ``at_most_utf8_bytes`` (else: :meth:`measure`, nothing deferred)."""
+        if not getattr(self.counter, "at_most_utf8_bytes", False):
+            return self.measure(messages), {}
+        digests: list[str] = []
+        tokens: list[int] = []
+        pending: dict[int, int] = {}
+        by_id, by_digest = self._by_id, self._by_digest
+        count_of = self._count_of()
+        for i, message in enumerate(messages):
+            hit = by_id.get(id(message))
+            if hit is not None and hit[0] is message:
+                digests.append(hit[1])
+                tokens.append(hit[2])
+                continue
+            try:
+                digest = self.dialect.digest(message)
+            except Exception:  # as in measure
+                digest = _fallback_digest(message)
+            digests.append(digest)
+            count = by_digest.get(digest)
+            if count is None:
+                pending[i] = _byte_bound(*count_of(message))
+                count = -1
+            else:
+                self._remember(message, digest, count)
+            tokens.append(count)
+        return Measured(digests, tokens), pending
+
+    def count_deferred(self, messages: Sequence[Any], digests: Sequence[str]) -> list[int]:
+        """The exact counts of ``messages`` whose digests are ``digests`` (from
+        :meth:`measure_deferred`), the ones not cached yet tokenized in one batch: the
+        same numbers :meth:`measure` gives."""
+        tokens: list[int] = []
+        missing: list[int] = []
+        by_id, by_digest = self._by_id, self._by_digest
+        for i, (message, digest) in enumerate(zip(messages, digests)):
+            hit = by_id.get(id(message))
+            count = hit[2] if hit is not None and hit[0] is message else by_digest.get(digest)
+            if count is None:
+                missing.append(i)
+                count = -1
+            tokens.append(count)
+        if missing:
+            self._count_missing(messages, missing, list(digests), tokens)
+        return tokens
+
     def bound(self, messages: Sequence[Any]) -> int | None:
         """An upper bound on the tokens ``measure`` would give ``messages``, found without
         tokenizing: cached counts as they are, other messages as the UTF-8 bytes of their
@@ -229,9 +280,7 @@ class MessageMeter:
             if hit is not None and hit[0] is message:
                 total += hit[2]
                 continue
-            text, n_images = count_of(message)
-            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-            total += size + MESSAGE_OVERHEAD + n_images * IMAGE_TOKENS
+            total += _byte_bound(*count_of(message))
         return total
 
     def count(self, message: Any) -> int:
@@ -299,6 +348,13 @@ class MessageMeter:
     def count_text_message(self, text: str) -> int:
         """Tokens of a text message (no caching: used for compaction messages)."""
         return self.counter.count_texts([text])[0] + MESSAGE_OVERHEAD
+
+
+def _byte_bound(text: str, n_images: int) -> int:
+    """An upper bound of a message's count from its counted text's UTF-8 bytes (a counter
+    declaring ``at_most_utf8_bytes``), its overhead and its images."""
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return size + MESSAGE_OVERHEAD + n_images * IMAGE_TOKENS
 
 
 def _fallback_digest(message: Any) -> str:
