@@ -188,6 +188,27 @@ class MessageMeter:
                 counted: Sequence[tuple[str, int]] | None = None) -> Measured:
         """Digests and token counts of ``messages``. ``counted``, when given, holds each
         message's ``dialect.counted_text`` (already computed by the caller)."""
+        digests, tokens, missing = self._cached(messages)
+        if missing:
+            self._count_missing(messages, missing, digests, tokens, counted)
+        return Measured(digests, tokens)
+
+    def measure_deferred(self, messages: Sequence[Any]) -> tuple[Measured, dict[int, int]]:
+        """Digests and the cached counts of ``messages``, tokenizing nothing: a message
+        never counted has ``-1`` and, in the dict returned beside, its index and an upper
+        bound of its count (what :meth:`bound` takes for it). :meth:`count_deferred`
+        counts those later, exactly. Only for a counter that declares
+        ``at_most_utf8_bytes`` (else: :meth:`measure`, nothing deferred)."""
+        if not getattr(self.counter, "at_most_utf8_bytes", False):
+            return self.measure(messages), {}
+        digests, tokens, missing = self._cached(messages)
+        count_of = self._count_of()
+        return Measured(digests, tokens), {i: _byte_bound(*count_of(messages[i]))
+                                           for i in missing}
+
+    def _cached(self, messages: Sequence[Any]) -> tuple[list[str], list[int], list[int]]:
+        """Digests of ``messages``, their cached counts (``-1`` where none is) and the
+        indices of those without one."""
         digests: list[str] = []
         tokens: list[int] = []
         missing: list[int] = []
@@ -210,42 +231,7 @@ class MessageMeter:
             tokens.append(count)
             if count >= 0:
                 self._remember(message, digest, count)
-        if missing:
-            self._count_missing(messages, missing, digests, tokens, counted)
-        return Measured(digests, tokens)
-
-    def measure_deferred(self, messages: Sequence[Any]) -> tuple[Measured, dict[int, int]]:
-        """Digests and the cached counts of ``messages``, tokenizing nothing: a message
-        never counted has ``-1`` and, in the dict returned beside, its index and an upper
-        bound of its count (what :meth:`bound` takes for it). :meth:`count_deferred`
-        counts those later, exactly. Only for a counter that declares
-        ``at_most_utf8_bytes`` (else: :meth:`measure`, nothing deferred)."""
-        if not getattr(self.counter, "at_most_utf8_bytes", False):
-            return self.measure(messages), {}
-        digests: list[str] = []
-        tokens: list[int] = []
-        pending: dict[int, int] = {}
-        by_id, by_digest = self._by_id, self._by_digest
-        count_of = self._count_of()
-        for i, message in enumerate(messages):
-            hit = by_id.get(id(message))
-            if hit is not None and hit[0] is message:
-                digests.append(hit[1])
-                tokens.append(hit[2])
-                continue
-            try:
-                digest = self.dialect.digest(message)
-            except Exception:  # as in measure
-                digest = _fallback_digest(message)
-            digests.append(digest)
-            count = by_digest.get(digest)
-            if count is None:
-                pending[i] = _byte_bound(*count_of(message))
-                count = -1
-            else:
-                self._remember(message, digest, count)
-            tokens.append(count)
-        return Measured(digests, tokens), pending
+        return digests, tokens, missing
 
     def count_deferred(self, messages: Sequence[Any], digests: Sequence[str]) -> list[int]:
         """The exact counts of ``messages`` whose digests are ``digests`` (from
