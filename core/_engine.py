@@ -33,7 +33,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ParamSpec
 
 import pluggy
@@ -73,7 +73,9 @@ class CompactionResult:
     compaction; ``modified`` when ``messages`` differs from the input at all (a stored
     compacted prefix was substituted). ``tokens_original`` is the input history,
     ``tokens_before`` what would have been sent without a new compaction,
-    ``tokens_after`` what is sent.
+    ``tokens_after`` what is sent. A call whose byte bound is under the trigger compacts
+    nothing without tokenizing its new messages: its figures are counted when first read
+    (the same numbers; the result is then a private subclass, equal to the plain result).
     """
 
     messages: list[Any]
@@ -93,14 +95,60 @@ class CompactionResult:
         return self.tokens_original - self.tokens_after
 
 
+def _counted_when_read(name: str) -> property:
+    """A token figure of :class:`_DeferredResult`: counted (exactly) when first read."""
+
+    def get(self: _DeferredResult) -> int:
+        if "_count" in self.__dict__:
+            self.__dict__["_values"].update(self.__dict__.pop("_count")())
+        value: int = self.__dict__["_values"][name]
+        return value
+
+    def put(self: _DeferredResult, value: int) -> None:
+        if "_count" in self.__dict__:
+            get(self)
+        self.__dict__.setdefault("_values", {})[name] = value
+
+    return property(get, put)
+
+
+class _DeferredResult(CompactionResult):
+    """The result of a call that compacted nothing because the bound of what it sends
+    (:meth:`MessageMeter.bound`: a byte per token at most for the messages never counted)
+    is under the trigger: the new messages are counted when a token figure is first read
+    (the same numbers as counted at once), or by the call that needs their counts. A
+    copy or a pickle is a plain :class:`CompactionResult` with the figures counted."""
+
+    tokens_original = _counted_when_read("tokens_original")
+    tokens_before = _counted_when_read("tokens_before")
+    tokens_after = _counted_when_read("tokens_after")
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return CompactionResult, self._values_of()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CompactionResult):
+            return NotImplemented
+        return self._values_of() == tuple(getattr(other, f.name)
+                                          for f in fields(CompactionResult))
+
+    __hash__ = None  # type: ignore[assignment]  # as CompactionResult's (eq, not frozen)
+
+    def _values_of(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in fields(CompactionResult))
+
+
 @dataclass
 class _View:
     messages: list[Any]
     digests: list[str]
-    tokens: list[int]
+    tokens: list[int]  # 0 for a message in ``pending``
     chain: list[str]
     prefix: list[int]  # prefix[i] = tokens of messages[:i]
     fixed: int = 0  # tokens sent besides the messages (system prompt, tool schemas)
+    #: messages not counted yet (index -> an upper bound of their count): counted by
+    #: :meth:`Engine._resolve` when a decision or a figure needs them
+    pending: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -509,7 +557,7 @@ class Engine:
     def context_tokens(self, messages: Sequence[Any]) -> int:
         """Tokens that would be sent for ``messages`` without a new compaction (the stored
         compacted prefix substituted)."""
-        view = self._view(messages)
+        view = self._resolve(self._view(messages))
         n = len(view.messages)
         return _State(self._lookup(view, n)).tokens_at(view, n)
 
@@ -527,7 +575,7 @@ class Engine:
     def _precompact_pipeline(self, messages: Sequence[Any]) -> _Pipeline:
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
-        view = self._view(messages)
+        view = self._resolve(self._view(messages))
         n = len(view.messages)
         state = _State(self._lookup(view, n))
         before = state.tokens_at(view, n)
@@ -611,6 +659,13 @@ class Engine:
         view.fixed = fixed
         n = len(view.messages)
         state = _State(self._lookup(view, n))
+        if view.pending:
+            # under the trigger by the bound alone: nothing to decide, counted when read
+            if not force and not self._should_compact_hook.get_hookimpls() and (
+                    state.tokens_at(view, n) + sum(view.pending.values())
+                    <= self._budget.trigger):
+                return _Outcome(view, -1, state, ())
+            view = self._resolve(view)
         before = state.tokens_at(view, n)
         events: list[CompactionEvent] = []
         if not (force or self._should_compact(view, state, n, before)):   # decide
@@ -954,6 +1009,15 @@ class Engine:
     def _finish(self, outcome: _Outcome) -> CompactionResult:                # assemble
         view, state, events = outcome.view, outcome.state, list(outcome.events)
         n = len(view.messages)
+        if view.pending:  # nothing compacted, within the trigger (so the limit) by the bound
+            entry = state.entry
+            result = _DeferredResult(
+                messages=state.messages_at(view, n), compacted=False,
+                modified=entry is not None, tokens_original=0, tokens_before=0,
+                tokens_after=0, head_len=entry.head_len if entry else 0,
+                cut=entry.cut if entry else 0)
+            result.__dict__["_count"] = functools.partial(self._figures, view, state)
+            return result
         original = view.prefix[n] + view.fixed
         entry = state.entry
         out = state.messages_at(view, n)
@@ -1000,14 +1064,43 @@ class Engine:
             self._refresh_seed()
             last = self._last_view
             if last is None:
-                measured = self._meter.measure(msgs)
+                measured, pending = self._meter.measure_deferred(msgs)
                 digests, tokens = measured.digests, measured.tokens
+                for i in pending:
+                    tokens[i] = 0
                 view = _View(msgs, digests, tokens, chain_digests(digests, seed=self._seed),
-                             [0, *itertools.accumulate(tokens)])
+                             [0, *itertools.accumulate(tokens)], pending=pending)
             else:
                 view = self._extend_view(last, msgs)
             self._last_view = view
         return view
+
+    def _resolve(self, view: _View) -> _View:
+        """``view`` with its pending messages counted (``view`` itself when none is)."""
+        if not view.pending:
+            return view
+        at = sorted(view.pending)
+        msgs, digests = view.messages, view.digests
+        with self._lock:
+            counts = self._meter.count_deferred([msgs[i] for i in at], [digests[i] for i in at])
+            tokens = list(view.tokens)
+            for i, count in zip(at, counts):
+                tokens[i] = count
+            prefix = view.prefix[: at[0] + 1]
+            prefix += itertools.accumulate(tokens[at[0]:], initial=prefix[-1])
+            del prefix[at[0] + 1]
+            resolved = _View(msgs, digests, tokens, view.chain, prefix, view.fixed)
+            if self._last_view is view:
+                self._last_view = resolved
+        return resolved
+
+    def _figures(self, view: _View, state: _State) -> dict[str, int]:
+        """The token figures of a call that compacted nothing (:class:`_DeferredResult`)."""
+        view = self._resolve(view)
+        n = len(view.messages)
+        after = state.tokens_at(view, n)
+        return {"tokens_original": view.prefix[n] + view.fixed, "tokens_before": after,
+                "tokens_after": after}
 
     def _extend_view(self, last: _View, msgs: list[Any]) -> _View:
         """The view of ``msgs``, reusing ``last``'s figures for the leading messages that
@@ -1018,10 +1111,14 @@ class Engine:
         k = same_objects(msgs, last.messages)
         digests = last.digests[:k]
         tokens = last.tokens[:k]
+        pending = {i: b for i, b in last.pending.items() if i < k} if last.pending else {}
         if len(msgs) > k:
-            measured = self._meter.measure(msgs[k:])
+            measured, new = self._meter.measure_deferred(msgs[k:])
             digests += measured.digests
             tokens += measured.tokens
+            for i, bound in new.items():
+                tokens[k + i] = 0
+                pending[k + i] = bound
         # the chain and the prefix sums are recomputed from the first changed message
         chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)],
                               seed=self._seed)
@@ -1029,7 +1126,7 @@ class Engine:
         prefix = last.prefix[: t + 1]
         prefix += itertools.accumulate(tokens[t:], initial=prefix[-1])
         del prefix[t + 1]
-        return _View(msgs, digests, tokens, chain, prefix)
+        return _View(msgs, digests, tokens, chain, prefix, pending=pending)
 
     def _lookup(self, view: _View, n: int) -> PrefixEntry | None:
         """The stored entry replacing the longest prefix of ``view.messages[:n]``."""

@@ -188,6 +188,27 @@ class MessageMeter:
                 counted: Sequence[tuple[str, int]] | None = None) -> Measured:
         """Digests and token counts of ``messages``. ``counted``, when given, holds each
         message's ``dialect.counted_text`` (already computed by the caller)."""
+        digests, tokens, missing = self._cached(messages)
+        if missing:
+            self._count_missing(messages, missing, digests, tokens, counted)
+        return Measured(digests, tokens)
+
+    def measure_deferred(self, messages: Sequence[Any]) -> tuple[Measured, dict[int, int]]:
+        """Digests and the cached counts of ``messages``, tokenizing nothing: a message
+        never counted has ``-1`` and, in the dict returned beside, its index and an upper
+        bound of its count (what :meth:`bound` takes for it). :meth:`count_deferred`
+        counts those later, exactly. Only for a counter that declares
+        ``at_most_utf8_bytes`` (else: :meth:`measure`, nothing deferred)."""
+        if not getattr(self.counter, "at_most_utf8_bytes", False):
+            return self.measure(messages), {}
+        digests, tokens, missing = self._cached(messages)
+        count_of = self._count_of()
+        return Measured(digests, tokens), {i: _byte_bound(*count_of(messages[i]))
+                                           for i in missing}
+
+    def _cached(self, messages: Sequence[Any]) -> tuple[list[str], list[int], list[int]]:
+        """Digests of ``messages``, their cached counts (``-1`` where none is) and the
+        indices of those without one."""
         digests: list[str] = []
         tokens: list[int] = []
         missing: list[int] = []
@@ -210,9 +231,25 @@ class MessageMeter:
             tokens.append(count)
             if count >= 0:
                 self._remember(message, digest, count)
+        return digests, tokens, missing
+
+    def count_deferred(self, messages: Sequence[Any], digests: Sequence[str]) -> list[int]:
+        """The exact counts of ``messages`` whose digests are ``digests`` (from
+        :meth:`measure_deferred`), the ones not cached yet tokenized in one batch: the
+        same numbers :meth:`measure` gives."""
+        tokens: list[int] = []
+        missing: list[int] = []
+        by_id, by_digest = self._by_id, self._by_digest
+        for i, (message, digest) in enumerate(zip(messages, digests)):
+            hit = by_id.get(id(message))
+            count = hit[2] if hit is not None and hit[0] is message else by_digest.get(digest)
+            if count is None:
+                missing.append(i)
+                count = -1
+            tokens.append(count)
         if missing:
-            self._count_missing(messages, missing, digests, tokens, counted)
-        return Measured(digests, tokens)
+            self._count_missing(messages, missing, list(digests), tokens)
+        return tokens
 
     def bound(self, messages: Sequence[Any]) -> int | None:
         """An upper bound on the tokens ``measure`` would give ``messages``, found without
@@ -229,9 +266,7 @@ class MessageMeter:
             if hit is not None and hit[0] is message:
                 total += hit[2]
                 continue
-            text, n_images = count_of(message)
-            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-            total += size + MESSAGE_OVERHEAD + n_images * IMAGE_TOKENS
+            total += _byte_bound(*count_of(message))
         return total
 
     def count(self, message: Any) -> int:
@@ -299,6 +334,13 @@ class MessageMeter:
     def count_text_message(self, text: str) -> int:
         """Tokens of a text message (no caching: used for compaction messages)."""
         return self.counter.count_texts([text])[0] + MESSAGE_OVERHEAD
+
+
+def _byte_bound(text: str, n_images: int) -> int:
+    """An upper bound of a message's count from its counted text's UTF-8 bytes (a counter
+    declaring ``at_most_utf8_bytes``), its overhead and its images."""
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return size + MESSAGE_OVERHEAD + n_images * IMAGE_TOKENS
 
 
 def _fallback_digest(message: Any) -> str:

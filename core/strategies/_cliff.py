@@ -39,6 +39,7 @@ import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from .._archive import Archive, ArchivedItem, handle_of, open_archive
@@ -738,6 +739,9 @@ def _size(context: _Context, block: _Block, rate: float, variant: str = "full") 
     return size
 
 
+_SEG_TEXT = itemgetter(1)  # a segment's text (joined at C speed)
+
+
 @dataclass
 class _Block:
     full: list[Seg]  # the rendering at the level's caps
@@ -755,7 +759,7 @@ class _Block:
         """The text of the rendering ``variant`` (``full``, ``alone`` or ``skim``)."""
         found = self.texts.get(variant)
         if found is None:
-            found = self.texts[variant] = "".join(t for _, t in getattr(self, variant))
+            found = self.texts[variant] = "".join(map(_SEG_TEXT, getattr(self, variant)))
         return found
 
 
