@@ -169,8 +169,9 @@ def test_replica_b_expands_what_replica_a_dropped(sim: RunningServer, redis_url:
         a.start()
         b.start()
         sim.sim.clear()  # type: ignore[union-attr]
-        send(a, session_turn(14), session="s1")  # A compacts: drops, archives
-        send(b, session_turn(15), session="s1")  # B: the next request of the session
+        send(a, session_turn(15), session="s1")  # A compacts: drops, archives
+        # B: the next request of the session, under the trigger with A's compaction
+        send(b, session_turn(16), session="s1")
         status = [p.status() for p in (a, b)]
     finally:
         a.stop()
@@ -182,7 +183,7 @@ def test_replica_b_expands_what_replica_a_dropped(sim: RunningServer, redis_url:
     assert handles and status[0]["archive"]["written"] >= len(handles)
     assert status[1]["archive"]["written"] == 0  # B archived nothing itself
     texts = _mcp_expand(redis_url, handles)
-    history = session_turn(14)["messages"]
+    history = session_turn(15)["messages"]
     originals = {handle_of(b["content"]) for m in history if isinstance(m["content"], list)
                  for b in m["content"] if b.get("type") == "tool_result"
                  and isinstance(b.get("content"), str)}
