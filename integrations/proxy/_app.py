@@ -330,6 +330,10 @@ class CompactionProxy:
                 req = self._parse(dialect, raw, headers, match)
                 if held is not None and match is not None and not in_place:
                     self._release_if_bounded(req, held, self._unchanged.get(match[0]))
+                    if held.released:
+                        # the upstream request's task writes the last byte before the
+                        # engine measures on this loop (else it waits for the measuring)
+                        await asyncio.sleep(0)
             result, version = await self._decide(req, new_bytes)
             out = self._outgoing(path, req, result, held is not None and held.released)
             if version is not None and out.unchanged and result is not None:

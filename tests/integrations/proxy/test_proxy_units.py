@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import platform
+import sys
 
 import orjson
 import pytest
 
 from agentcompact import ConfigError, get_dialect
 from agentcompact.integrations.proxy import ProxyConfig
-from agentcompact.integrations.proxy._cli import add_parser, build_config
+from agentcompact.integrations.proxy._cli import KEEP_MEMORY_MIB, add_parser, build_config
+from agentcompact.integrations.proxy._memory import keep_freed
 from agentcompact.integrations.proxy._observe import redact_headers, redact_json
 from agentcompact.integrations.proxy._reassemble import iter_sse, reassemble
 from agentcompact.integrations.proxy._wire import (
@@ -104,6 +107,14 @@ def test_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (config.port, config.trigger, config.shadow, config.strict) == (9000, 5000, True, True)
     assert config.strategy_options == {"cap": 300, "x": "abc"}
     assert args.func.__name__ == "run"
+    assert args.keep_memory == KEEP_MEMORY_MIB
+    assert parser.parse_args(["proxy", "--keep-memory", "0"]).keep_memory == 0
+
+
+def test_keep_freed_sets_glibc_allocator_options_and_nothing_else() -> None:
+    assert keep_freed(0) is False  # 0: the allocator's defaults are left alone
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert keep_freed(KEEP_MEMORY_MIB) is glibc
 
 
 def test_redaction() -> None:
