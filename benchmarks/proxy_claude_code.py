@@ -158,8 +158,11 @@ def measure(size: int, steps: int, warmup: int, names: list[str], upstream_role:
     clients = {k: httpx.Client(base_url=u, timeout=300) for k, u in urls.items()}
     times: dict[str, list[float]] = {k: [] for k in urls}
     traces: dict[str, list[dict[str, float]]] = {k: [] for k in urls}
+    cpu: dict[str, float] = {}
     try:
         for step, point in enumerate(points):
+            if step == warmup:
+                cpu = {k: proxy_latency.cpu_s(clients[k]) for k in urls}
             content = body(full[:point])
             order = list(urls)[step % len(urls):] + list(urls)[:step % len(urls)]
             for name in order:
@@ -176,12 +179,17 @@ def measure(size: int, steps: int, warmup: int, names: list[str], upstream_role:
                     elapsed = proxy_latency.timed_first_byte(clients[name], content)
                 if step >= warmup:
                     times[name].append(elapsed)
+        # CPU seconds per request of each server process (all threads): the upstream's
+        # counts the direct call and every proxy's forwarded one
+        cpu = {k: (proxy_latency.cpu_s(clients[k]) - v) / steps for k, v in cpu.items()}
     finally:
         for c in clients.values():
             c.close()
         for s in [*servers.values(), upstream]:
             s.stop()
-    out = {"direct_p50": _p(times["direct"], 0.5)}
+    out = {"direct_p50": _p(times["direct"], 0.5),
+           "upstream_cpu": cpu["direct"] * 1000 / (1 + len(names))}
+    out.update({f"{name}_cpu": cpu[name] * 1000 for name in names})
     for name in names:
         added = [a - d for a, d in zip(times[name], times["direct"], strict=True)]
         out[f"{name}_p50"], out[f"{name}_p99"] = _p(added, 0.5), _p(added, 0.99)
@@ -256,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'tokens':>9} | {'direct':>8} | "
           + " | ".join(f"{n + '+ p50':>{widths[n]}} {'p99':>7}" for n in names)
           + (f" | {'held saves p50':>14} {'p99':>7}" if both else "")
-          + f" | {'work p50':>8} {'p99':>7} | reuse (partial/miss) | load")
+          + f" | {'work p50':>8} {'p99':>7} | "
+          + " ".join(f"{n + ' cpu':>{len(n) + 4}}" for n in ["upstream", *names])
+          + " | reuse (partial/miss) | load")
     for size in (int(s) for s in args.sizes.split(",")):
         upstream = (f"sink:{args.link_mbps:g}" if args.upstream == "sink" and args.link_mbps
                     else args.upstream)
@@ -266,9 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         if both:
             cells += f" | {r['held_saves_p50']:14.2f} {r['held_saves_p99']:7.2f}"
         load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        cpus = " ".join(f"{r[f'{n}_cpu']:{len(n) + 4}.2f}" for n in ["upstream", *names])
         print(f"{size:>9,} | {r['direct_p50']:8.2f} | {cells} | {r['work_p50']:8.2f} "
-              f"{r['work_p99']:7.2f} | {int(r['partial_hits'])}/{int(r['misses']):<13} | "
-              f"{load}", flush=True)
+              f"{r['work_p99']:7.2f} | {cpus} | {int(r['partial_hits'])}/"
+              f"{int(r['misses']):<13} | {load}", flush=True)
         if args.trace:
             _print_trace(r)
     link = f", {args.link_mbps:g} Mbit/s" if args.link_mbps else ""
@@ -276,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
           "direct on the same step (ours:buffered: agentcompact sending a body on only once "
           "it is all in); held saves = ours:buffered's time minus ours' on the same step; work = "
           "agentcompact's per-request work in process (target: added p50 <= 10 ms at 3M); "
+          "cpu = a server process's CPU ms per request (all threads; the upstream's per "
+          "request it served), less sensitive to load than the times; "
           "load = the machine's load averages (1/5/15 min) after the size's run")
     return 0
 

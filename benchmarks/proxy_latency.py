@@ -111,10 +111,13 @@ def app_for(role: str, upstream: str, trigger: int) -> Any:
     if role == "relay":
         return bare_relay(upstream)
     if role.startswith("ours"):
-        from agentcompact.integrations.proxy._cli import KEEP_MEMORY_MIB
-        from agentcompact.integrations.proxy._memory import keep_freed
-
-        keep_freed(KEEP_MEMORY_MIB)  # as ``agentcompact proxy`` does at start-up
+        try:  # as ``agentcompact proxy`` does at start-up (a tree before it: nothing)
+            from agentcompact.integrations.proxy._cli import KEEP_MEMORY_MIB
+            from agentcompact.integrations.proxy._memory import keep_freed
+        except ImportError:
+            pass
+        else:
+            keep_freed(KEEP_MEMORY_MIB)
         app = create_app(ProxyConfig(trigger=trigger, anthropic_upstream=upstream,
                                      openai_upstream=upstream, log_requests=False))
         if role == "ours:buffered":

@@ -54,7 +54,7 @@ from agentcompact._tokens import MessageMeter, make_counter
 from agentcompact.dialects._base import Dialect
 from agentcompact.plugins import get_plugin_manager, registry
 
-from ._bodies import BodyCache, Parsed, encode
+from ._bodies import BodyCache, Common, Parsed, encode
 from ._config import ProxyConfig
 from ._observe import DebugDumper, ExchangeLog, ProxyStats
 from ._reassemble import reassemble
@@ -283,13 +283,14 @@ class CompactionProxy:
         if dialect is None:
             return await self._passthrough(request, await request.body())
         held = await self._hold(request)
+        common = self._common(request, dialect)
         try:
-            raw = await _receive(request, held)
+            raw = await _receive(request, held, common)
         except BaseException:
             if held is not None:
                 held.abort()  # the client left (or failed) before its body was in
             raise
-        out = await self._prepare(request, dialect, raw, held)
+        out = await self._prepare(request, dialect, raw, held, common)
         sent = await self._send_out(request, out, held, t0)
         if self._may_retry(out, sent.response):
             out, sent = await self._reactive(request, out, sent)
@@ -311,9 +312,18 @@ class CompactionProxy:
         return await self.client.hold(request.method, self._upstream_url(request),
                                       request_headers(request.headers.raw), length)
 
+    def _common(self, request: Request, dialect: str) -> Common | None:
+        """For a large body, the comparison with the session's earlier body done as it
+        arrives (``Common``): after its last byte only the last chunk's is left."""
+        length = _declared_length(request)
+        if length is None or length < _HOLD_BYTES:
+            return None
+        return self.bodies.common(self.engines.dialects[dialect].messages_key)
+
     # --- prepare: parse, decide, encode ----------------------------------------------
     async def _prepare(self, request: Request, dialect: str, raw: bytes,
-                       held: HeldRequest | None = None) -> _Outgoing:
+                       held: HeldRequest | None = None, common: Common | None = None
+                       ) -> _Outgoing:
         """The request to send: parse what is new, let the session's engine decide,
         encode only what changed. A step with much to do runs in a worker thread (the
         event loop keeps relaying other streams); a session's next turn is parsed and
@@ -323,7 +333,7 @@ class CompactionProxy:
         try:
             in_place = self.engines.is_async  # an async strategy awaits on the loop
             match, new_bytes = self.bodies.lookup(raw, self.engines.dialects[dialect]
-                                                  .messages_key)
+                                                  .messages_key, common)
             if not in_place and new_bytes > _OFFLOOP_BYTES:
                 req = await anyio.to_thread.run_sync(self._parse, dialect, raw, headers, match)
             else:
@@ -679,15 +689,20 @@ class CompactionProxy:
         ), self.pm)
 
 
-async def _receive(request: Request, held: HeldRequest | None) -> bytes:
+async def _receive(request: Request, held: HeldRequest | None,
+                   common: Common | None = None) -> bytes:
     """The request's body, fed on to ``held`` as it arrives (the next chunk may be in
-    already: the loop runs in between, so the upstream request progresses with it)."""
+    already: the loop runs in between, so the upstream request progresses with it) and
+    compared with an earlier body by ``common``."""
     chunks: list[bytes] = []
     async for chunk in request.stream():
         if chunk:
             chunks.append(chunk)
             if held is not None:
                 held.feed(chunk)
+            if common is not None:
+                common.feed(chunk)
+            if held is not None:
                 await asyncio.sleep(0)  # the upstream request's task sends it on meanwhile
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
