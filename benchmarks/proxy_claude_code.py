@@ -253,7 +253,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="also print where the time goes: the median time of each mark "
                              "(client sent, proxy and upstream body in, proxy decided and "
                              "released, answer back) from the request's start, per server")
+    parser.add_argument("--keep-memory", type=int, metavar="MIB",
+                        help="agentcompact proxy's --keep-memory (default: its default; 0: "
+                             "the allocator's defaults)")
     args = parser.parse_args(argv)
+    if args.keep_memory is not None:
+        os.environ[proxy_latency.KEEP_MEMORY_ENV] = str(args.keep_memory)
     if args.trace:
         os.environ[proxy_latency.TRACE_ENV] = "1"  # the servers' processes inherit it
     proxy_latency.Role.http, proxy_latency.Role.loop = proxy_latency.SERVERS["fast"]

@@ -117,7 +117,7 @@ def app_for(role: str, upstream: str, trigger: int) -> Any:
         except ImportError:
             pass
         else:
-            keep_freed(KEEP_MEMORY_MIB)
+            keep_freed(int(os.environ.get(KEEP_MEMORY_ENV, KEEP_MEMORY_MIB)))
         app = create_app(ProxyConfig(trigger=trigger, anthropic_upstream=upstream,
                                      openai_upstream=upstream, log_requests=False))
         if role == "ours:buffered":
@@ -237,6 +237,11 @@ def cpu_s(client: httpx.Client) -> float:
     return float(client.get(CPU_PATH).text)
 
 
+#: set in a server's environment to a file: agentcompact's proxy runs under cProfile and
+#: writes its profile there when stopped
+PROFILE_ENV = "AGENTCOMPACT_BENCH_PROFILE"
+#: set in the servers' environment: ``--keep-memory`` of agentcompact's proxy (MiB)
+KEEP_MEMORY_ENV = "AGENTCOMPACT_BENCH_KEEP_MEMORY"
 TRACE_PATH = "/__bench/trace"
 #: set in a server's environment: it records when each request's body arrived and its
 #: answer left (``with_trace``), for the breakdown of ``proxy_claude_code.py --trace``
@@ -349,6 +354,19 @@ def serve_role(role: str, port: int, upstream: str, trigger: int, http: str, loo
         if role.startswith("ours"):
             trace_proxy(app)
         app = with_trace(app)
+    profile = os.environ.get(PROFILE_ENV) if role.startswith("ours") else None
+    if profile:  # a profile of the proxy's process, written when it is stopped
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            uvicorn.run(with_cpu_probe(app), host="127.0.0.1", port=port, log_level="warning",
+                        access_log=False, http=http, loop=loop, lifespan="on")
+        finally:
+            profiler.disable()
+            profiler.dump_stats(profile)
+        return
     uvicorn.run(with_cpu_probe(app), host="127.0.0.1", port=port,
                 log_level="warning", access_log=False, http=http, loop=loop, lifespan="on")
 
