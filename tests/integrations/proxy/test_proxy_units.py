@@ -249,3 +249,47 @@ def test_debug_dumps_redact_with_the_project_policy() -> None:
     assert redact_json(body) == {"private_key": "[redacted]", "credentials": "[redacted]",
                                  "passwd": "[redacted]", "metadata": {"user_id": "me"},
                                  "max_tokens": 5}
+
+
+class _Upstream:
+    """An upstream answer in the shape ``RelayResponse`` reads (the relay is under test)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.status_code = 200
+        self.raw_headers = [(b"content-type", b"text/event-stream")]
+        self.chunks = list(chunks)
+        self.closed: bool | None = None
+
+    async def next_chunk(self) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    def close(self, complete: bool) -> None:
+        self.closed = complete
+
+
+@pytest.mark.parametrize("chunks", [[b"data: 1\n\n", b"data: 2\n\n"], []])
+def test_relay_runs_after_first_once_the_first_chunk_is_sent_and_before_on_close(
+        chunks: list[bytes]) -> None:
+    import asyncio
+
+    from agentcompact.integrations.proxy._relay import RelayResponse
+
+    events: list[object] = []
+
+    async def send(message: dict[str, object]) -> None:
+        events.append(message.get("body", message["type"]))
+
+    async def receive() -> dict[str, str]:
+        await asyncio.sleep(30)
+        return {"type": "http.disconnect"}
+
+    upstream = _Upstream(chunks)
+    relay = RelayResponse(upstream, after_first=lambda: events.append("after_first"),  # type: ignore[arg-type]
+                          on_close=lambda ok: events.append(("closed", ok)))
+    asyncio.run(relay({"type": "http"}, receive, send))
+    if chunks:
+        assert events == ["http.response.start", chunks[0], "after_first", chunks[1], b"",
+                          ("closed", True)]
+    else:
+        assert events == ["http.response.start", b"", "after_first", ("closed", True)]
+    assert upstream.closed is True
