@@ -141,7 +141,7 @@ class _Outgoing:
     fail_open: bool = False
     retried: bool = False
     #: the engine's decision still to make, on a body certified unchanged and already
-    #: complete upstream (``_prepare``): gives the final ``_Outgoing`` (``_settle``)
+    #: complete upstream (``_prepare``): gives the final ``_Outgoing`` (``_measured``)
     later: Callable[[], _Outgoing] | None = None
 
     @property
