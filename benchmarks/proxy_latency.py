@@ -111,6 +111,13 @@ def app_for(role: str, upstream: str, trigger: int) -> Any:
     if role == "relay":
         return bare_relay(upstream)
     if role.startswith("ours"):
+        try:  # as ``agentcompact proxy`` does at start-up (a tree before it: nothing)
+            from agentcompact.integrations.proxy._cli import KEEP_MEMORY_MIB
+            from agentcompact.integrations.proxy._memory import keep_freed
+        except ImportError:
+            pass
+        else:
+            keep_freed(int(os.environ.get(KEEP_MEMORY_ENV, KEEP_MEMORY_MIB)))
         app = create_app(ProxyConfig(trigger=trigger, anthropic_upstream=upstream,
                                      openai_upstream=upstream, log_requests=False))
         if role == "ours:buffered":
@@ -230,6 +237,110 @@ def cpu_s(client: httpx.Client) -> float:
     return float(client.get(CPU_PATH).text)
 
 
+#: set in a server's environment to a file: agentcompact's proxy runs under cProfile and
+#: writes its profile there when stopped
+PROFILE_ENV = "AGENTCOMPACT_BENCH_PROFILE"
+#: set in the servers' environment: ``--keep-memory`` of agentcompact's proxy (MiB)
+KEEP_MEMORY_ENV = "AGENTCOMPACT_BENCH_KEEP_MEMORY"
+TRACE_PATH = "/__bench/trace"
+#: set in a server's environment: it records when each request's body arrived and its
+#: answer left (``with_trace``), for the breakdown of ``proxy_claude_code.py --trace``
+TRACE_ENV = "AGENTCOMPACT_BENCH_TRACE"
+_MARKS: Any = None  # the current request's marks (a contextvar, when tracing)
+
+
+def mark(name: str) -> None:
+    """Record ``name`` now (``time.perf_counter``: CLOCK_MONOTONIC, one clock for every
+    process of the machine) in the current traced request, if any."""
+    marks = _MARKS.get(None) if _MARKS is not None else None
+    if marks is not None and name not in marks:
+        marks[name] = time.perf_counter()
+
+
+def with_trace(app: Any) -> Any:
+    """``app``, timing every request's first and last body chunk handed to it and its
+    answer's start and first body chunk; ``GET /__bench/trace`` returns the marks of the
+    requests since the last call (and forgets them)."""
+    global _MARKS
+    import contextvars
+
+    _MARKS = contextvars.ContextVar("bench_marks")
+    done: list[dict[str, float]] = []
+
+    async def traced(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        if scope["path"] == TRACE_PATH:
+            body = orjson.dumps(done)
+            done.clear()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        marks: dict[str, float] = {"start": time.perf_counter()}
+        _MARKS.set(marks)
+        done.append(marks)
+
+        async def rx() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                mark("in_first")
+                if not message.get("more_body"):
+                    mark("in_last")
+            return message
+
+        async def tx(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                mark("out_start")
+            elif message["type"] == "http.response.body":
+                mark("out_body")
+            await send(message)
+
+        await app(scope, rx, tx)
+
+    return traced
+
+
+def trace_proxy(app: Any) -> None:
+    """Marks inside agentcompact's proxy (a benchmark's instrumentation: the methods are
+    wrapped, not changed): the body joined, the request prepared (parsed, decided), the
+    held request's last byte released, the answer's headers in."""
+    from agentcompact.integrations.proxy import _app, _upstream
+
+    receive = _app._receive
+
+    async def received(*args: Any) -> Any:
+        raw = await receive(*args)
+        mark("joined")
+        return raw
+
+    _app._receive = received  # type: ignore[assignment]
+    proxy = app.proxy
+    prepare, send_out = proxy._prepare, proxy._send_out
+
+    async def prepared(*args: Any) -> Any:
+        out = await prepare(*args)
+        mark("prepared")
+        return out
+
+    async def sent_out(*args: Any) -> Any:
+        sent = await send_out(*args)
+        mark("headers_in")
+        return sent
+
+    proxy._prepare, proxy._send_out = prepared, sent_out
+    release = _upstream.HeldRequest.release
+
+    def released(self: Any) -> bool:
+        ok = release(self)
+        if ok:
+            mark("released")
+        return ok
+
+    _upstream.HeldRequest.release = released  # type: ignore[method-assign]
+
+
 def serve_role(role: str, port: int, upstream: str, trigger: int, http: str, loop: str
                ) -> None:
     """Child process body: serve one role with the same uvicorn settings for all."""
@@ -238,7 +349,25 @@ def serve_role(role: str, port: int, upstream: str, trigger: int, http: str, loo
     import uvicorn
 
     logging.getLogger("cliffcompaction").setLevel(logging.WARNING)
-    uvicorn.run(with_cpu_probe(app_for(role, upstream, trigger)), host="127.0.0.1", port=port,
+    app = app_for(role, upstream, trigger)
+    if os.environ.get(TRACE_ENV):
+        if role.startswith("ours"):
+            trace_proxy(app)
+        app = with_trace(app)
+    profile = os.environ.get(PROFILE_ENV) if role.startswith("ours") else None
+    if profile:  # a profile of the proxy's process, written when it is stopped
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            uvicorn.run(with_cpu_probe(app), host="127.0.0.1", port=port, log_level="warning",
+                        access_log=False, http=http, loop=loop, lifespan="on")
+        finally:
+            profiler.disable()
+            profiler.dump_stats(profile)
+        return
+    uvicorn.run(with_cpu_probe(app), host="127.0.0.1", port=port,
                 log_level="warning", access_log=False, http=http, loop=loop, lifespan="on")
 
 

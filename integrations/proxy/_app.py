@@ -16,21 +16,24 @@ gives the ``_Outgoing``: the original bytes unless the history changed, else the
 encoded, or a strict-mode refusal) → **send** (``_send_out`` gives the ``_Sent``: completes
 the held request or sends anew; on a context-length error ``_reactive`` compacts harder and
 replays once) → **record** the log line and counters and **relay** the answer (``_answer``;
-with ``--record``, the model call with the reassembled response at the stream's end). Any
-failure before sending forwards the original bytes (fail-open).
+with ``--record``, the model call with the reassembled response at the stream's end; a
+request completed upstream before the engine measured it is measured and recorded once
+the answer's first chunk is relayed). Any failure before sending forwards the original
+bytes (fail-open).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sized
+from collections.abc import AsyncIterator, Callable, Mapping, Sized
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
@@ -54,7 +57,7 @@ from agentcompact._tokens import MessageMeter, make_counter
 from agentcompact.dialects._base import Dialect
 from agentcompact.plugins import get_plugin_manager, registry
 
-from ._bodies import BodyCache, Parsed, encode
+from ._bodies import BodyCache, Common, Parsed, encode
 from ._config import ProxyConfig
 from ._observe import DebugDumper, ExchangeLog, ProxyStats
 from ._reassemble import reassemble
@@ -137,6 +140,9 @@ class _Outgoing:
     fallback: str | None = None
     fail_open: bool = False
     retried: bool = False
+    #: the engine's decision still to make, on a body certified unchanged and already
+    #: complete upstream (``_prepare``): gives the final ``_Outgoing`` (``_measured``)
+    later: Callable[[], _Outgoing] | None = None
 
     @property
     def unchanged(self) -> bool:
@@ -283,14 +289,18 @@ class CompactionProxy:
         if dialect is None:
             return await self._passthrough(request, await request.body())
         held = await self._hold(request)
+        common = self._common(request, dialect)
         try:
-            raw = await _receive(request, held)
+            raw = await _receive(request, held, common)
         except BaseException:
             if held is not None:
                 held.abort()  # the client left (or failed) before its body was in
             raise
-        out = await self._prepare(request, dialect, raw, held)
+        out = await self._prepare(request, dialect, raw, held, common)
         sent = await self._send_out(request, out, held, t0)
+        if out.later is not None and (isinstance(sent.response, BufferedResponse)
+                                      or sent.response.status_code >= 300):
+            out = out.later()  # no model answer to relay first
         if self._may_retry(out, sent.response):
             out, sent = await self._reactive(request, out, sent)
         return self._answer(out, sent)
@@ -311,9 +321,18 @@ class CompactionProxy:
         return await self.client.hold(request.method, self._upstream_url(request),
                                       request_headers(request.headers.raw), length)
 
+    def _common(self, request: Request, dialect: str) -> Common | None:
+        """For a large body, the comparison with the session's earlier body done as it
+        arrives (``Common``): after its last byte only the last chunk's is left."""
+        length = _declared_length(request)
+        if length is None or length < _HOLD_BYTES:
+            return None
+        return self.bodies.common(self.engines.dialects[dialect].messages_key)
+
     # --- prepare: parse, decide, encode ----------------------------------------------
     async def _prepare(self, request: Request, dialect: str, raw: bytes,
-                       held: HeldRequest | None = None) -> _Outgoing:
+                       held: HeldRequest | None = None, common: Common | None = None
+                       ) -> _Outgoing:
         """The request to send: parse what is new, let the session's engine decide,
         encode only what changed. A step with much to do runs in a worker thread (the
         event loop keeps relaying other streams); a session's next turn is parsed and
@@ -323,22 +342,49 @@ class CompactionProxy:
         try:
             in_place = self.engines.is_async  # an async strategy awaits on the loop
             match, new_bytes = self.bodies.lookup(raw, self.engines.dialects[dialect]
-                                                  .messages_key)
+                                                  .messages_key, common)
             if not in_place and new_bytes > _OFFLOOP_BYTES:
                 req = await anyio.to_thread.run_sync(self._parse, dialect, raw, headers, match)
             else:
                 req = self._parse(dialect, raw, headers, match)
                 if held is not None and match is not None and not in_place:
                     self._release_if_bounded(req, held, self._unchanged.get(match[0]))
+                    if held.released and self.dumper is None and req.engine is not None:
+                        # the body is complete upstream and certified unchanged: the
+                        # engine measures it once the answer's first chunk is relayed
+                        same = self._outgoing(path, req, None, True)
+                        return replace(same, later=functools.partial(self._measured, path,
+                                                                     req))
             result, version = await self._decide(req, new_bytes)
             out = self._outgoing(path, req, result, held is not None and held.released)
-            if version is not None and out.unchanged and result is not None:
-                # the body as sent (the original: shadow mode may have computed another)
-                self._unchanged[req.parsed] = (result.tokens_original, version, _fixed(req))
+            self._sent_unchanged(out, version)
         except Exception as exc:  # fail-open: the original bytes go upstream
             out = self._failed_open(path, dialect, raw, req, exc)
         if self.dumper is not None and out.request is not None:
             self._dump(out, headers)
+        return out
+
+    def _sent_unchanged(self, out: _Outgoing, version: int | None) -> None:
+        """Remember a body that went upstream unchanged, with its tokens (a later held
+        request extending it may be completed before it is measured)."""
+        result, req = out.result, out.request
+        if version is not None and out.unchanged and result is not None and req is not None:
+            # the body as sent (the original: shadow mode may have computed another)
+            self._unchanged[req.parsed] = (result.tokens_original, version, _fixed(req))
+
+    def _measured(self, path: str, req: _Request) -> _Outgoing:
+        """The engine's decision on a body sent before it measured (``_prepare``): its
+        figures for the log line and the next request. A failure is reported, the body
+        being upstream already."""
+        try:
+            result, version = self._compact(req)
+            out = self._outgoing(path, req, result, True)
+        except Exception as exc:
+            log.warning("measuring a request sent early failed (%s) (session %s)",
+                        type(exc).__name__, req.session)
+            return _Outgoing(req.dialect, path, req.raw, req.raw, req, messages=req.messages,
+                             error=f"{type(exc).__name__}: {exc}")
+        self._sent_unchanged(out, version)
         return out
 
     def _prepare_here(self, path: str, dialect: str, raw: bytes, headers: Any) -> _Outgoing:
@@ -615,7 +661,26 @@ class CompactionProxy:
 
     # --- record and relay ----------------------------------------------------------------
     def _answer(self, out: _Outgoing, sent: _Sent) -> Any:
-        """Record the exchange (counters, the log line), then relay the answer."""
+        """Record the exchange (counters, the log line), then relay the answer; for a
+        request the engine has still to measure (``later``), relay first: it measures,
+        and the exchange is recorded, once the answer's first chunk is on its way."""
+        resp = sent.response
+        if out.later is not None and not isinstance(resp, BufferedResponse):
+            settled: list[_Outgoing] = []
+            later = out.later
+
+            def settle() -> None:
+                settled.append(later())
+                self._record_exchange(settled[0], sent)
+
+            return self._relay(out, resp, settle, settled)
+        self._record_exchange(out, sent)
+        if isinstance(resp, BufferedResponse):
+            return resp
+        return self._relay(out, resp)
+
+    def _record_exchange(self, out: _Outgoing, sent: _Sent) -> None:
+        """The exchange's counters and log line."""
         ex = self._exchange(out, sent)
         saved = 0
         if ex.modified and ex.tokens_in is not None and ex.tokens_out is not None:
@@ -623,10 +688,6 @@ class CompactionProxy:
         self.stats.record(ex, saved)
         if self.config.log_requests:
             ex.emit()
-        resp = sent.response
-        if isinstance(resp, BufferedResponse):
-            return resp
-        return self._relay(out, resp)
 
     def _exchange(self, out: _Outgoing, sent: _Sent | None = None) -> ExchangeLog:
         """The log line of a prepared request, and of what sending it did."""
@@ -647,14 +708,19 @@ class CompactionProxy:
             held=sent.held if sent is not None else None,
             error=out.error, fallback=out.fallback, fail_open=out.fail_open)
 
-    def _relay(self, out: _Outgoing, resp: UpstreamResponse) -> RelayResponse:
+    def _relay(self, out: _Outgoing, resp: UpstreamResponse,
+               after_first: Callable[[], None] | None = None,
+               settled: list[_Outgoing] | None = None) -> RelayResponse:
         """Relay the answer; with ``--record``, keep a copy of it to log the model call
-        at its end (``_record``)."""
+        at its end (``_record``). ``after_first`` runs once the first chunk is relayed,
+        and puts the final ``_Outgoing`` in ``settled``."""
         kept: list[bytes] | None = (
             [] if self.config.record is not None and resp.status_code < 300 else None)
         self.stats.stream_opened(1)
         return RelayResponse(resp, tee=kept.append if kept is not None else None,
-                             on_close=lambda ok: self._record(out, resp, ok, kept))
+                             after_first=after_first,
+                             on_close=lambda ok: self._record(settled[0] if settled else out,
+                                                              resp, ok, kept))
 
     def _record(self, out: _Outgoing, resp: UpstreamResponse, complete: bool,
                 kept: list[bytes] | None) -> None:
@@ -675,15 +741,20 @@ class CompactionProxy:
         ), self.pm)
 
 
-async def _receive(request: Request, held: HeldRequest | None) -> bytes:
+async def _receive(request: Request, held: HeldRequest | None,
+                   common: Common | None = None) -> bytes:
     """The request's body, fed on to ``held`` as it arrives (the next chunk may be in
-    already: the loop runs in between, so the upstream request progresses with it)."""
+    already: the loop runs in between, so the upstream request progresses with it) and
+    compared with an earlier body by ``common``."""
     chunks: list[bytes] = []
     async for chunk in request.stream():
         if chunk:
             chunks.append(chunk)
             if held is not None:
                 held.feed(chunk)
+            if common is not None:
+                common.feed(chunk)
+            if held is not None:
                 await asyncio.sleep(0)  # the upstream request's task sends it on meanwhile
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["BodyCache", "Parsed", "encode", "scan_body"]
+__all__ = ["BodyCache", "Common", "Parsed", "encode", "scan_body"]
 
 _STRUCT = re.compile(rb'["\[\]{}]')
 _SCALAR = re.compile(rb"[^,\]}\s]+")
@@ -285,10 +285,13 @@ class BodyCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, raw: bytes, key: str) -> tuple[_Match | None, int]:
+    def lookup(self, raw: bytes, key: str, known: Common | None = None
+               ) -> tuple[_Match | None, int]:
         """The earlier body whose messages ``raw`` starts its array with (or ``None``), and
-        how many bytes of ``raw`` a parse would still read (the cost of ``parse``)."""
-        match = self._candidate(raw, key)
+        how many bytes of ``raw`` a parse would still read (the cost of ``parse``).
+        ``known``: what a :class:`Common` fed ``raw`` as it arrived found it shares with
+        an earlier body (the comparisons with that body are then arithmetic)."""
+        match = self._candidate(raw, key, known)
         if match is None:
             return None, len(raw)
         prev, array, shared = match
@@ -316,7 +319,13 @@ class BodyCache:
         return parsed
 
     # --- incremental path -----------------------------------------------------------
-    def _candidate(self, raw: bytes, key: str) -> _Match | None:
+    def common(self, key: str) -> Common:
+        """A :class:`Common` to feed a body of messages under ``key`` to as it arrives."""
+        with self._lock:
+            recent = list(reversed(self._entries.values()))[:_COMMON_CANDIDATES]
+        return Common([e for e in recent if e.key == key and e.ends is not None])
+
+    def _candidate(self, raw: bytes, key: str, known: Common | None = None) -> _Match | None:
         """The most recent entry whose message bytes open ``raw``'s message array; else
         the entry sharing the most leading messages byte for byte (at least one). The keys
         before the array may differ (``stream``, ``max_tokens``, metadata…): the array's
@@ -332,11 +341,13 @@ class BodyCache:
         for entry in entries:
             if entry.key != key or entry.ends is None:
                 continue
-            if _newest_unmoved(entry, raw, array) and _shares(entry, raw, array,
-                                                              len(entry.ends)):
+            same = known.bytes_shared(entry, raw) if known is not None else None
+            if (_newest_unmoved(entry, raw, array, same)
+                    and _shares(entry, raw, array, len(entry.ends), same)):
                 return entry, array, len(entry.ends)
             if best is None or best[2] < len(entry.ends):
-                shared = _shared_messages(entry, raw, array, 0 if best is None else best[2])
+                shared = _shared_messages(entry, raw, array, 0 if best is None else best[2],
+                                          same)
                 if shared and (best is None or shared > best[2]):
                     best = (entry, array, shared)
         return best
@@ -356,25 +367,91 @@ class BodyCache:
                 self._bytes -= len(dropped.raw)
 
 
-def _shares(prev: Parsed, raw: bytes, array: int, n: int) -> bool:
+#: the most recent bodies a :class:`Common` may compare an arriving body with, and the
+#: bytes it must open with to be compared with (the first chunk's, at most)
+_COMMON_CANDIDATES = 8
+_COMMON_OPENING = 1024
+
+
+class Common:
+    """How many leading bytes a body shares with one earlier body, found as the body
+    arrives (:meth:`feed` each chunk): the ``memcmp`` of a session's 12 MB history is done
+    while the client still sends it, not after its last byte. The earlier body is the most
+    recent candidate that opens with the first chunk's first KiB; the count is exact (the
+    offset of the first differing byte, or the length of the shorter body), so what
+    ``BodyCache.lookup`` concludes from it is what comparing the bytes would conclude."""
+
+    __slots__ = ("_candidates", "_fed", "_prev", "_same", "_diverged")
+
+    def __init__(self, candidates: list[Parsed]) -> None:
+        self._candidates: list[Parsed] | None = candidates
+        self._prev: Parsed | None = None
+        self._fed = self._same = 0
+        self._diverged = False
+
+    def feed(self, chunk: bytes) -> None:
+        """The body's next bytes."""
+        if self._candidates is not None:  # the first chunk picks the body to compare with
+            opening = chunk[:_COMMON_OPENING]
+            self._prev = next((c for c in self._candidates
+                               if c.raw.startswith(opening[:len(c.raw)])), None)
+            self._candidates = None
+        at, self._fed = self._fed, self._fed + len(chunk)
+        prev = self._prev
+        if prev is None or self._diverged:
+            return
+        old = prev.raw
+        if old.startswith(chunk, at):
+            self._same = self._fed
+            return
+        self._diverged = True
+        # the first ``lo`` bytes of the chunk are shared, the first ``hi`` are not (or the
+        # earlier body ends within them)
+        view, lo, hi = memoryview(chunk), 0, min(len(chunk), len(old) - at)
+        if hi > 0 and old.startswith(view[:hi], at):  # the earlier body ends in this chunk
+            lo = hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if old.startswith(view[:mid], at):
+                lo = mid
+            else:
+                hi = mid
+        self._same = at + lo
+
+    def bytes_shared(self, prev: Parsed, raw: bytes) -> int | None:
+        """How many leading bytes ``raw`` (the body fed, whole) shares with ``prev``;
+        ``None`` when this did not compare them (compare the bytes instead)."""
+        if prev is not self._prev or self._fed != len(raw):
+            return None
+        return self._same
+
+
+def _shares(prev: Parsed, raw: bytes, array: int, n: int, same: int | None = None) -> bool:
     """True when the array at ``array`` in ``raw`` opens with the bytes of ``prev``'s first
-    ``n`` messages (separators included)."""
+    ``n`` messages (separators included). ``same``: ``raw`` and ``prev.raw`` are known to
+    share exactly that many leading bytes."""
     end = prev.prefix_end(n)
-    return (array + end - prev.array <= len(raw)
-            and raw.startswith(memoryview(prev.raw)[prev.array:end], array))
+    if array + end - prev.array > len(raw):
+        return False
+    if same is not None and array == prev.array:
+        return end <= same
+    return raw.startswith(memoryview(prev.raw)[prev.array:end], array)
 
 
-def _newest_unmoved(prev: Parsed, raw: bytes, array: int) -> bool:
+def _newest_unmoved(prev: Parsed, raw: bytes, array: int, same: int | None = None) -> bool:
     """True when ``prev``'s newest message stands unchanged where it stood (a cheap test
     before comparing the whole prefix: Claude Code changes exactly that message)."""
     if not prev.ends or prev.starts is None:
         return True
     start, end = prev.starts[-1], prev.ends[-1]
     at = array + start - prev.array
+    if same is not None and array == prev.array and end <= same:
+        return True
     return raw.startswith(memoryview(prev.raw)[start:end], at)
 
 
-def _shared_messages(prev: Parsed, raw: bytes, array: int, floor: int = 0) -> int:
+def _shared_messages(prev: Parsed, raw: bytes, array: int, floor: int = 0,
+                     same: int | None = None) -> int:
     """How many leading messages of ``prev`` open ``raw``'s array byte for byte, knowing
     that not all do; 0 when that is ``floor`` or fewer. Galloping back from the newest,
     then a binary search: a few ``memcmp`` calls, each stopping at the first differing
@@ -383,13 +460,13 @@ def _shared_messages(prev: Parsed, raw: bytes, array: int, floor: int = 0) -> in
     lo, hi = floor, len(prev.ends)  # hi: known not shared; lo: the answer is above it
     step, k = 1, hi - 1
     while k > lo:
-        if _shares(prev, raw, array, k):
+        if _shares(prev, raw, array, k, same):
             lo = k
             break
         hi, k, step = k, k - step, step * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _shares(prev, raw, array, mid):
+        if _shares(prev, raw, array, mid, same):
             lo = mid
         else:
             hi = mid

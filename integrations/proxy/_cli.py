@@ -17,6 +17,7 @@ import orjson
 from agentcompact.errors import AgentCompactError
 
 from ._config import ENV_PREFIX, ProxyConfig
+from ._memory import keep_freed
 
 __all__ = ["add_parser", "build_config", "main", "run", "warn_small_trigger"]
 
@@ -33,6 +34,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_arguments(p)
     p.set_defaults(func=run)
     return p
+
+
+#: ``--keep-memory``'s default: a few 3M-token bodies (12 MB each) of freed memory kept
+KEEP_MEMORY_MIB = 128
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,6 +77,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     a("--state-dir", metavar="DIR",
       help="folder of the default store (default $AGENTCOMPACT_STATE_DIR or ~/.agentcompact)")
     a("--log-level", default="INFO", help="logging level (default INFO)")
+    a("--keep-memory", type=int, default=KEEP_MEMORY_MIB, metavar="MIB",
+      help="freed memory the allocator keeps for the next large body instead of returning "
+           f"it, in MiB (default {KEEP_MEMORY_MIB}; 0: the allocator's defaults; glibc "
+           "only; see docs/proxy.md, Latency)")
 
 
 def build_config(args: argparse.Namespace) -> ProxyConfig:
@@ -113,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentcompact proxy: {exc}", file=sys.stderr)
         return 2
     warn_small_trigger(config.trigger)
+    keep_freed(getattr(args, "keep_memory", KEEP_MEMORY_MIB))
     mode = "shadow" if config.shadow else ("strict" if config.strict else "active")
     log.info("agentcompact proxy on http://%s:%d (%s, strategy=%s, trigger=%d tokens)",
              config.host, config.port, mode, config.strategy, config.trigger)

@@ -24,7 +24,8 @@ from typing import Any
 
 from agentcompact.errors import AgentCompactError
 
-from ._cli import _add_arguments, build_config, warn_small_trigger
+from ._cli import KEEP_MEMORY_MIB, _add_arguments, build_config, warn_small_trigger
+from ._memory import keep_freed
 
 __all__ = ["add_parser", "child_command", "child_env", "run"]
 
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         server = _start(args)
         warn_small_trigger(server.proxy.config.trigger)
+        keep_freed(getattr(args, "keep_memory", KEEP_MEMORY_MIB))
     except AgentCompactError as exc:
         print(f"agentcompact run: {exc}", file=sys.stderr)
         return 2

@@ -190,14 +190,26 @@ class RelayResponse:
     :param tee: called with each chunk (``--record`` keeps a copy); must be cheap.
     :param on_close: called once at the end with ``True`` when the whole body reached the
         client, ``False`` when the client left or the upstream dropped.
+    :param after_first: called once, as soon as the first body chunk is relayed (or at the
+        end, before ``on_close``, if none was): work that need not delay the answer.
     """
 
     def __init__(self, upstream: UpstreamResponse, *, tee: Callable[[bytes], None] | None = None,
-                 on_close: Callable[[bool], None] | None = None) -> None:
+                 on_close: Callable[[bool], None] | None = None,
+                 after_first: Callable[[], None] | None = None) -> None:
         self.upstream = upstream
         self.status_code = upstream.status_code
         self.tee = tee
         self.on_close = on_close
+        self.after_first = after_first
+
+    def _after_first(self) -> None:
+        after, self.after_first = self.after_first, None
+        if after is not None:
+            try:
+                after()
+            except Exception:
+                log.exception("relay: after_first callback failed")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         completed = False
@@ -213,6 +225,7 @@ class RelayResponse:
             pass  # the client went away while we were writing to it
         finally:
             self.upstream.close(completed)
+            self._after_first()
             if self.on_close is not None:
                 try:
                     self.on_close(completed)
@@ -237,6 +250,8 @@ class RelayResponse:
                 left -= len(chunk)
                 ended = left <= 0  # the last bytes: one write, no empty closing message
             await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            if self.after_first is not None:
+                self._after_first()
         if not ended:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True

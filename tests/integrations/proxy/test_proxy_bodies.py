@@ -5,6 +5,7 @@ carry unchanged messages as the client's own bytes."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from agentcompact.integrations.proxy._bodies import BodyCache, encode, scan_body
+from agentcompact.integrations.proxy._bodies import BodyCache, Common, encode, scan_body
 
 from .histories import anthropic_history, chat_history, responses_history
 
@@ -271,3 +272,52 @@ def test_partial_reuse_matches_a_fresh_parse_whatever_changes(seed: int) -> None
                                               previous.messages))
         previous = parsed
     assert cache.partial_hits > 10
+
+
+def _fed(cache: BodyCache, raw: bytes, rnd: random.Random, key: str = "messages") -> Common:
+    """A ``Common`` fed ``raw`` in chunks of random sizes (as a server hands them over)."""
+    common = cache.common(key)
+    at = 0
+    while at < len(raw):
+        size = rnd.choice([1, 7, 64, 1000, 65536])
+        common.feed(raw[at:at + size])
+        at += size
+    return common
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_common_counts_the_bytes_shared_exactly_and_lookup_concludes_alike(seed: int) -> None:
+    rnd = random.Random(seed)
+    cache = BodyCache()
+    messages: list[Any] = [{"role": "user", "content": "task " * 50}]
+    previous: Any = None
+    compared = 0
+    for step in range(80):
+        messages = list(messages)
+        if len(messages) > 1 and rnd.random() < 0.5:  # change one message somewhere
+            messages[rnd.randrange(len(messages))] = {"role": "user",
+                                                      "content": rnd.choice(TRICKY) + str(step)}
+        if rnd.random() < 0.1 and len(messages) > 2:  # a rewind: the body gets shorter
+            messages = messages[:rnd.randrange(1, len(messages))]
+        messages.append({"role": rnd.choice(["user", "assistant"]), "content": str(step) * 40})
+        raw = orjson.dumps(body_of(_marked(messages)))
+        common = _fed(cache, raw, rnd)
+        if previous is not None:
+            same = common.bytes_shared(previous, raw)
+            if same is not None:
+                compared += 1
+                assert same == len(os.path.commonprefix([previous.raw, raw]))
+            assert common.bytes_shared(previous, raw[:-1]) is None  # not the body fed
+        assert cache.lookup(raw, "messages", common) == cache.lookup(raw, "messages")
+        previous = check(cache, raw)
+    assert compared > 40  # not when the first message changed (another opening)
+
+
+def test_common_compares_with_the_recent_body_its_first_chunk_opens() -> None:
+    cache = BodyCache()
+    a = check(cache, orjson.dumps(body_of(anthropic_history(6, result_tokens=30))))
+    b = check(cache, orjson.dumps(body_of([{"role": "user", "content": "another session"}])))
+    grown = orjson.dumps(body_of(anthropic_history(8, result_tokens=30)))
+    common = _fed(cache, grown, random.Random(0))
+    assert common.bytes_shared(b, grown) is None  # more recent, but another session
+    assert common.bytes_shared(a, grown) == len(os.path.commonprefix([a.raw, grown]))

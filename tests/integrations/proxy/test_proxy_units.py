@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import platform
+import sys
 
 import orjson
 import pytest
 
 from agentcompact import ConfigError, get_dialect
 from agentcompact.integrations.proxy import ProxyConfig
-from agentcompact.integrations.proxy._cli import add_parser, build_config
+from agentcompact.integrations.proxy._cli import KEEP_MEMORY_MIB, add_parser, build_config
+from agentcompact.integrations.proxy._memory import keep_freed
 from agentcompact.integrations.proxy._observe import redact_headers, redact_json
 from agentcompact.integrations.proxy._reassemble import iter_sse, reassemble
 from agentcompact.integrations.proxy._wire import (
@@ -104,6 +107,14 @@ def test_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (config.port, config.trigger, config.shadow, config.strict) == (9000, 5000, True, True)
     assert config.strategy_options == {"cap": 300, "x": "abc"}
     assert args.func.__name__ == "run"
+    assert args.keep_memory == KEEP_MEMORY_MIB
+    assert parser.parse_args(["proxy", "--keep-memory", "0"]).keep_memory == 0
+
+
+def test_keep_freed_sets_glibc_allocator_options_and_nothing_else() -> None:
+    assert keep_freed(0) is False  # 0: the allocator's defaults are left alone
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert keep_freed(KEEP_MEMORY_MIB) is glibc
 
 
 def test_redaction() -> None:
@@ -238,3 +249,47 @@ def test_debug_dumps_redact_with_the_project_policy() -> None:
     assert redact_json(body) == {"private_key": "[redacted]", "credentials": "[redacted]",
                                  "passwd": "[redacted]", "metadata": {"user_id": "me"},
                                  "max_tokens": 5}
+
+
+class _Upstream:
+    """An upstream answer in the shape ``RelayResponse`` reads (the relay is under test)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.status_code = 200
+        self.raw_headers = [(b"content-type", b"text/event-stream")]
+        self.chunks = list(chunks)
+        self.closed: bool | None = None
+
+    async def next_chunk(self) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+    def close(self, complete: bool) -> None:
+        self.closed = complete
+
+
+@pytest.mark.parametrize("chunks", [[b"data: 1\n\n", b"data: 2\n\n"], []])
+def test_relay_runs_after_first_once_the_first_chunk_is_sent_and_before_on_close(
+        chunks: list[bytes]) -> None:
+    import asyncio
+
+    from agentcompact.integrations.proxy._relay import RelayResponse
+
+    events: list[object] = []
+
+    async def send(message: dict[str, object]) -> None:
+        events.append(message.get("body", message["type"]))
+
+    async def receive() -> dict[str, str]:
+        await asyncio.sleep(30)
+        return {"type": "http.disconnect"}
+
+    upstream = _Upstream(chunks)
+    relay = RelayResponse(upstream, after_first=lambda: events.append("after_first"),  # type: ignore[arg-type]
+                          on_close=lambda ok: events.append(("closed", ok)))
+    asyncio.run(relay({"type": "http"}, receive, send))
+    if chunks:
+        assert events == ["http.response.start", chunks[0], "after_first", chunks[1], b"",
+                          ("closed", True)]
+    else:
+        assert events == ["http.response.start", b"", "after_first", ("closed", True)]
+    assert upstream.closed is True
