@@ -1086,10 +1086,8 @@ class Engine:
             tokens = list(view.tokens)
             for i, count in zip(at, counts):
                 tokens[i] = count
-            prefix = view.prefix[: at[0] + 1]
-            prefix += itertools.accumulate(tokens[at[0]:], initial=prefix[-1])
-            del prefix[at[0] + 1]
-            resolved = _View(msgs, digests, tokens, view.chain, prefix, view.fixed)
+            resolved = _View(msgs, digests, tokens, view.chain,
+                             _prefix_sums(view.prefix, tokens, at[0]), view.fixed)
             if self._last_view is view:
                 self._last_view = resolved
         return resolved
@@ -1122,10 +1120,7 @@ class Engine:
         # the chain and the prefix sums are recomputed from the first changed message
         chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)],
                               seed=self._seed)
-        t = _common(tokens, last.tokens, k)
-        prefix = last.prefix[: t + 1]
-        prefix += itertools.accumulate(tokens[t:], initial=prefix[-1])
-        del prefix[t + 1]
+        prefix = _prefix_sums(last.prefix, tokens, _common(tokens, last.tokens, k))
         return _View(msgs, digests, tokens, chain, prefix, pending=pending)
 
     def _lookup(self, view: _View, n: int) -> PrefixEntry | None:
@@ -1162,6 +1157,15 @@ def _common(a: list[Any], b: list[Any], k: int) -> int:
     if a[k:m] == b[k:m]:  # list compares run in C (identity first)
         return m
     return next(i for i in range(k, m) if a[i] != b[i])
+
+
+def _prefix_sums(prefix: list[int], tokens: list[int], t: int) -> list[int]:
+    """The prefix sums of ``tokens`` (``out[i]`` = tokens of the first ``i``), reusing
+    ``prefix``'s first ``t + 1`` (``tokens[:t]`` is unchanged since it was computed)."""
+    out = prefix[: t + 1]
+    out += itertools.accumulate(tokens[t:], initial=out[-1])
+    del out[t + 1]  # accumulate repeats its initial value
+    return out
 
 
 _SUMMARY_OVERHEAD = 32  # tokens of a summary message besides its output (header, framing)
