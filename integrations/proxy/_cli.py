@@ -19,7 +19,7 @@ from agentcompact.errors import AgentCompactError
 from ._config import ENV_PREFIX, ProxyConfig
 from ._memory import keep_freed
 
-__all__ = ["add_parser", "build_config", "main", "run", "warn_small_trigger"]
+__all__ = ["add_parser", "build_config", "main", "run", "start_up", "warn_small_trigger"]
 
 log = logging.getLogger("agentcompact.proxy")
 
@@ -121,8 +121,7 @@ def run(args: argparse.Namespace) -> int:
     except AgentCompactError as exc:
         print(f"agentcompact proxy: {exc}", file=sys.stderr)
         return 2
-    warn_small_trigger(config.trigger)
-    keep_freed(getattr(args, "keep_memory", KEEP_MEMORY_MIB))
+    start_up(config.trigger, args)
     mode = "shadow" if config.shadow else ("strict" if config.strict else "active")
     log.info("agentcompact proxy on http://%s:%d (%s, strategy=%s, trigger=%d tokens)",
              config.host, config.port, mode, config.strategy, config.trigger)
@@ -134,6 +133,13 @@ def run(args: argparse.Namespace) -> int:
 #: today's coding CLIs send this much that compaction keeps (system prompt, tools,
 #: instruction items) before any history: Claude Code 2.1 ~11k tokens, Codex 0.171 ~13k
 HARNESS_FIXED_TOKENS = 13_000
+
+
+def start_up(trigger: int, args: argparse.Namespace) -> None:
+    """What ``agentcompact proxy`` and ``agentcompact run`` do once their proxy is built:
+    warn about a small trigger and let glibc keep freed memory (``--keep-memory``)."""
+    warn_small_trigger(trigger)
+    keep_freed(getattr(args, "keep_memory", KEEP_MEMORY_MIB))
 
 
 def warn_small_trigger(trigger: int) -> None:

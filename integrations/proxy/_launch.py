@@ -24,8 +24,7 @@ from typing import Any
 
 from agentcompact.errors import AgentCompactError
 
-from ._cli import KEEP_MEMORY_MIB, _add_arguments, build_config, warn_small_trigger
-from ._memory import keep_freed
+from ._cli import _add_arguments, build_config, start_up
 
 __all__ = ["add_parser", "child_command", "child_env", "run"]
 
@@ -94,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
     _setup_logging(getattr(args, "log_level", "INFO"), args.log_file)
     try:
         server = _start(args)
-        warn_small_trigger(server.proxy.config.trigger)
-        keep_freed(getattr(args, "keep_memory", KEEP_MEMORY_MIB))
+        start_up(server.proxy.config.trigger, args)
     except AgentCompactError as exc:
         print(f"agentcompact run: {exc}", file=sys.stderr)
         return 2
