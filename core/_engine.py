@@ -1066,8 +1066,6 @@ class Engine:
             if last is None:
                 measured, pending = self._meter.measure_deferred(msgs)
                 digests, tokens = measured.digests, measured.tokens
-                for i in pending:
-                    tokens[i] = 0
                 view = _View(msgs, digests, tokens, chain_digests(digests, seed=self._seed),
                              [0, *itertools.accumulate(tokens)], pending=pending)
             else:
@@ -1109,13 +1107,16 @@ class Engine:
         k = same_objects(msgs, last.messages)
         digests = last.digests[:k]
         tokens = last.tokens[:k]
-        pending = {i: b for i, b in last.pending.items() if i < k} if last.pending else {}
+        pending = last.pending
+        if pending and k < len(last.messages):  # the last view's messages from k on differ
+            pending = {i: b for i, b in pending.items() if i < k}
+        else:
+            pending = dict(pending)
         if len(msgs) > k:
             measured, new = self._meter.measure_deferred(msgs[k:])
             digests += measured.digests
             tokens += measured.tokens
             for i, bound in new.items():
-                tokens[k + i] = 0
                 pending[k + i] = bound
         # the chain and the prefix sums are recomputed from the first changed message
         chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)],
