@@ -45,9 +45,9 @@ from typing import Any
 from .._archive import Archive, ArchivedItem, MemoryArchive, handle_of, open_archive
 from .._events import DroppedItem
 from .._interner import same_objects
-from .._markers import COMPACTION_HEADER
+from .._markers import COMPACTION_HEADER, is_marked
 from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
-from ..dialects._base import LineIndex, Part, line_index, truncation_pieces
+from ..dialects._base import Dialect, LineIndex, Part, line_index, truncation_pieces
 from ..errors import PluginError
 from ._base import CompactionRequest, Rendered
 
@@ -532,9 +532,16 @@ class _TextCache:
         if found is not None and found[0] is message and found[1] is dialect:
             return found[2]
         parts = tuple(dialect.parts(message))
-        tools = tuple(p for p in parts if p.kind in ("tool_call", "tool_result")) if (
-            dialect.tool_call_ids(message) or dialect.tool_result_ids(message)) else ()
-        facts = (dialect.role(message), dialect.is_synthetic(message), parts, tools)
+        tools = tuple(p for p in parts if p.kind in ("tool_call", "tool_result"))
+        if tools and not (dialect.tool_call_ids(message) or dialect.tool_result_ids(message)):
+            tools = ()
+        role = dialect.role(message)
+        if type(dialect).is_synthetic is Dialect.is_synthetic:  # from the parts at hand
+            text = next((p.text for p in parts if p.kind == "text"), None)
+            synthetic = role == "user" and text is not None and is_marked(text)
+        else:
+            synthetic = dialect.is_synthetic(message)
+        facts = (role, synthetic, parts, tools)
         if len(self._parts) >= self.max_entries:
             self._parts = {}
         self._parts[id(message)] = (message, dialect, facts)
