@@ -46,7 +46,14 @@ from ._interner import Interner, same_objects
 from ._markers import COMPACTION_HEADER
 from ._pluginmanager import get_plugin_manager, registry
 from ._settings import StrategySettings
-from ._store import InMemoryPrefixStore, PrefixEntry, PrefixScan, PrefixStore, chain_digests
+from ._store import (
+    InMemoryPrefixStore,
+    PrefixEntry,
+    PrefixScan,
+    PrefixStore,
+    chain_digests,
+    extend_chain,
+)
 from ._tokens import MessageMeter, TokenCounter, make_counter
 from ._turns import loop_start, problems, split_turns, starts_with_thinking, thinking_loop_error
 from .dialects._base import Dialect
@@ -1066,8 +1073,6 @@ class Engine:
             if last is None:
                 measured, pending = self._meter.measure_deferred(msgs)
                 digests, tokens = measured.digests, measured.tokens
-                for i in pending:
-                    tokens[i] = 0
                 view = _View(msgs, digests, tokens, chain_digests(digests, seed=self._seed),
                              [0, *itertools.accumulate(tokens)], pending=pending)
             else:
@@ -1107,20 +1112,46 @@ class Engine:
         Interner` does for other callers parsing requests afresh). The rest is measured
         (``MessageMeter`` caches by identity and by digest)."""
         k = same_objects(msgs, last.messages)
+        if k == len(last.messages) and _grown_only(last):
+            return self._grow_view(last, msgs)
         digests = last.digests[:k]
         tokens = last.tokens[:k]
-        pending = {i: b for i, b in last.pending.items() if i < k} if last.pending else {}
+        pending = last.pending
+        if pending and k < len(last.messages):  # the last view's messages from k on differ
+            pending = {i: b for i, b in pending.items() if i < k}
+        else:
+            pending = dict(pending)
         if len(msgs) > k:
             measured, new = self._meter.measure_deferred(msgs[k:])
             digests += measured.digests
             tokens += measured.tokens
             for i, bound in new.items():
-                tokens[k + i] = 0
                 pending[k + i] = bound
         # the chain and the prefix sums are recomputed from the first changed message
         chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)],
                               seed=self._seed)
         prefix = _prefix_sums(last.prefix, tokens, _common(tokens, last.tokens, k))
+        return _View(msgs, digests, tokens, chain, prefix, pending=pending)
+
+    def _grow_view(self, last: _View, msgs: list[Any]) -> _View:
+        """The view of ``msgs``, the messages of ``last`` followed by new ones: ``last``'s
+        digests, counts, chain and prefix sums are extended in place, not copied (a view
+        reads only the entries of its own messages, which never change; an older view
+        sharing the lists sees what it saw). Copying them cost a pass over every message
+        at every call."""
+        m = len(last.messages)
+        digests, tokens, chain, prefix = last.digests, last.tokens, last.chain, last.prefix
+        pending = dict(last.pending)
+        if len(msgs) > m:
+            measured, new = self._meter.measure_deferred(msgs[m:])
+            digests += measured.digests
+            tokens += measured.tokens
+            for i, bound in new.items():
+                pending[m + i] = bound
+            extend_chain(chain, measured.digests, self._seed)
+            sums = itertools.accumulate(measured.tokens, initial=prefix[-1])
+            next(sums)  # the initial value: prefix[m], there already
+            prefix += sums
         return _View(msgs, digests, tokens, chain, prefix, pending=pending)
 
     def _lookup(self, view: _View, n: int) -> PrefixEntry | None:
@@ -1149,6 +1180,13 @@ class Engine:
 def _saved(view: _View, overrides: dict[int, tuple[str, Any, int]]) -> int:
     """Tokens the truncated copies in ``overrides`` save over the messages they replace."""
     return sum(view.tokens[i] - t for i, (_, _, t) in overrides.items())
+
+
+def _grown_only(view: _View) -> bool:
+    """Whether ``view``'s lists hold its messages' entries and no more (no later view
+    extended them in place: :meth:`Engine._grow_view` may)."""
+    m = len(view.messages)
+    return len(view.digests) == len(view.tokens) == len(view.chain) == m == len(view.prefix) - 1
 
 
 def _common(a: list[Any], b: list[Any], k: int) -> int:

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 import xxhash
 
-__all__ = ["InMemoryPrefixStore", "PrefixEntry", "PrefixStore", "chain_digests"]
+__all__ = ["InMemoryPrefixStore", "PrefixEntry", "PrefixStore", "chain_digests", "extend_chain"]
 
 
 def chain_digests(digests: Sequence[str], start: Sequence[str] = (), seed: str = ""
@@ -41,12 +41,19 @@ def chain_digests(digests: Sequence[str], start: Sequence[str] = (), seed: str =
     ``seed`` starts the chain: the engine seeds it with the fingerprint of everything that
     changes its output (and the episode), so its chain digests are its store keys."""
     chain = list(start)
+    extend_chain(chain, digests[len(chain):], seed)
+    return chain
+
+
+def extend_chain(chain: list[str], digests: Sequence[str], seed: str = "") -> None:
+    """Append to ``chain`` (the chain digests of the messages before) the chain digests
+    of the messages whose digests are ``digests``, in place."""
     prev = chain[-1] if chain else seed
     digest = xxhash.xxh3_128_hexdigest
-    for d in digests[len(chain):]:
+    append = chain.append
+    for d in digests:
         prev = digest((prev + d).encode())
-        chain.append(prev)
-    return chain
+        append(prev)
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,8 @@ class PrefixScan:
     def find(self, chain: Sequence[str], n: int) -> PrefixEntry | None:
         """The stored entry replacing the longest prefix of the first ``n`` messages whose
         chain digests are ``chain`` (``entry.cut`` is its length). ``chain`` is kept for
-        the next scan: it must not be changed afterwards."""
+        the next scan: its first ``n`` entries must not be changed afterwards (the engine
+        appends to it, :meth:`Engine._grow_view`)."""
         get = self.store.get
         version = getattr(self.store, "version", None)
         memo = self._memo

@@ -18,7 +18,7 @@ cache keys; ``llama-index-core`` ships both files in ``llama_index/core/_static/
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -42,6 +42,7 @@ __all__ = [
 MESSAGE_OVERHEAD = 4
 IMAGE_TOKENS = 1600
 _NONE: frozenset[str] = frozenset()
+_TAKEN_MAX = 8_192  # counted texts kept for deferred counts (a bound: more are taken again)
 
 
 @runtime_checkable
@@ -179,10 +180,14 @@ class MessageMeter:
         self._by_id: OrderedDict[int, tuple[Any, str, int]] = OrderedDict()
         self._by_digest: OrderedDict[str, int] = OrderedDict()
         self._count_of_made: tuple[Dialect, Any] | None = None  # (dialect, _count_of())
+        #: the counted text of each message :meth:`measure_deferred` left uncounted, by
+        #: identity (with the message: its id stays its), for :meth:`count_deferred`
+        self._taken: dict[int, tuple[Any, tuple[str, int]]] = {}
 
     def clear(self) -> None:
         self._by_id.clear()
         self._by_digest.clear()
+        self._taken.clear()
 
     def measure(self, messages: Sequence[Any],
                 counted: Sequence[tuple[str, int]] | None = None) -> Measured:
@@ -195,60 +200,74 @@ class MessageMeter:
 
     def measure_deferred(self, messages: Sequence[Any]) -> tuple[Measured, dict[int, int]]:
         """Digests and the cached counts of ``messages``, tokenizing nothing: a message
-        never counted has ``-1`` and, in the dict returned beside, its index and an upper
+        never counted has ``0`` and, in the dict returned beside, its index and an upper
         bound of its count (what :meth:`bound` takes for it). :meth:`count_deferred`
-        counts those later, exactly. Only for a counter that declares
-        ``at_most_utf8_bytes`` (else: :meth:`measure`, nothing deferred)."""
+        counts those later, exactly (from the counted text taken for the bound, kept
+        until then). Only for a counter that declares ``at_most_utf8_bytes`` (else:
+        :meth:`measure`, nothing deferred)."""
         if not getattr(self.counter, "at_most_utf8_bytes", False):
             return self.measure(messages), {}
         digests, tokens, missing = self._cached(messages)
-        count_of = self._count_of()
-        return Measured(digests, tokens), {i: _byte_bound(*count_of(messages[i]))
-                                           for i in missing}
+        pending: dict[int, int] = {}
+        if missing:
+            count_of = self._count_of()
+            taken = self._taken
+            if len(taken) + len(missing) > _TAKEN_MAX:
+                taken.clear()
+            for i in missing:
+                message = messages[i]
+                counted = count_of(message)
+                taken[id(message)] = (message, counted)
+                pending[i] = _byte_bound(*counted)
+                tokens[i] = 0
+        return Measured(digests, tokens), pending
 
-    def _cached(self, messages: Sequence[Any]) -> tuple[list[str], list[int], list[int]]:
-        """Digests of ``messages``, their cached counts (``-1`` where none is) and the
-        indices of those without one."""
-        digests: list[str] = []
+    def _cached(self, messages: Sequence[Any], digests: Sequence[str] | None = None
+                ) -> tuple[list[str], list[int], list[int]]:
+        """Digests of ``messages`` (``digests``, when the caller has them), their cached
+        counts (``-1`` where none is) and the indices of those without one."""
+        out: list[str] = []
         tokens: list[int] = []
         missing: list[int] = []
-        by_id = self._by_id
+        by_id, by_digest = self._by_id, self._by_digest
         for i, message in enumerate(messages):
             hit = by_id.get(id(message))
             if hit is not None and hit[0] is message:
-                digests.append(hit[1])
+                out.append(hit[1])
                 tokens.append(hit[2])
                 continue
-            try:
-                digest = self.dialect.digest(message)
-            except Exception:  # one message a dialect cannot digest never stops a session
-                digest = _fallback_digest(message)
-            digests.append(digest)
-            count = self._by_digest.get(digest)
+            if digests is not None:
+                digest = digests[i]
+            else:
+                try:
+                    digest = self.dialect.digest(message)
+                except Exception:  # one message a dialect cannot digest never stops a session
+                    digest = _fallback_digest(message)
+            out.append(digest)
+            count = by_digest.get(digest)
             if count is None:
                 missing.append(i)
                 count = -1
-            tokens.append(count)
-            if count >= 0:
+            else:
                 self._remember(message, digest, count)
-        return digests, tokens, missing
+            tokens.append(count)
+        return out, tokens, missing
 
     def count_deferred(self, messages: Sequence[Any], digests: Sequence[str]) -> list[int]:
         """The exact counts of ``messages`` whose digests are ``digests`` (from
         :meth:`measure_deferred`), the ones not cached yet tokenized in one batch: the
         same numbers :meth:`measure` gives."""
-        tokens: list[int] = []
-        missing: list[int] = []
-        by_id, by_digest = self._by_id, self._by_digest
-        for i, (message, digest) in enumerate(zip(messages, digests)):
-            hit = by_id.get(id(message))
-            count = hit[2] if hit is not None and hit[0] is message else by_digest.get(digest)
-            if count is None:
-                missing.append(i)
-                count = -1
-            tokens.append(count)
+        out, tokens, missing = self._cached(messages, digests)
         if missing:
-            self._count_missing(messages, missing, list(digests), tokens)
+            taken = self._taken
+            counted = []
+            for i in missing:
+                message = messages[i]
+                found = taken.pop(id(message), None)
+                counted.append(found[1] if found is not None and found[0] is message
+                               else self._count_of()(message))
+            self._count_missing(messages, missing, out, tokens,
+                                dict(zip(missing, counted)))
         return tokens
 
     def bound(self, messages: Sequence[Any]) -> int | None:
@@ -275,7 +294,7 @@ class MessageMeter:
 
     def _count_missing(
         self, messages: Sequence[Any], missing: list[int], digests: list[str], tokens: list[int],
-        counted: Sequence[tuple[str, int]] | None = None,
+        counted: Sequence[tuple[str, int]] | Mapping[int, tuple[str, int]] | None = None,
     ) -> None:
         count_of = self._count_of()
         texts: list[str] = []

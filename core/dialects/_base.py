@@ -224,14 +224,16 @@ def _line_pieces(text: str, budget: int, handle: str, index: LineIndex
                  ) -> list[Piece] | None:
     lines, errors = index
     n = len(lines)
-    keep = [False] * n
+    keep = bytearray(n)
+    kept: list[int] = []  # what ``keep`` marks: the work is by kept lines, not all lines
     used = 0
 
     def take(i: int, limit: int) -> bool:
         nonlocal used
         if keep[i] or used + len(lines[i]) > limit:
             return False
-        keep[i] = True
+        keep[i] = 1
+        kept.append(i)
         used += len(lines[i])
         return True
 
@@ -248,29 +250,30 @@ def _line_pieces(text: str, budget: int, handle: str, index: LineIndex
         tail_start -= 1
     if used < budget // 4:
         return None  # long lines: a character cut keeps more
-    for i in range(1, n - 1):  # a lone short line costs less than the marker for it
-        if not keep[i] and keep[i - 1] and keep[i + 1] and len(lines[i]) <= 60:
-            keep[i] = True
+    # a lone short line between kept ones costs less than the marker for it (a line kept
+    # here never makes its neighbour lone: that one is kept already)
+    lone = [k + 1 for k in kept if k + 2 < n and not keep[k + 1] and keep[k + 2]
+            and len(lines[k + 1]) <= 60]
+    kept += lone
+    kept.sort()
     out: list[Piece] = []
-    run: list[str] = []
-    gap_lines = gap_chars = 0
-    for line, kept in zip(lines, keep):
-        if kept:
-            if gap_lines:
-                out.append((False, lines_elision(gap_lines, gap_chars, handle)))
-                gap_lines = gap_chars = 0
-                handle = ""  # named once, in the first marker
-            run.append(line)
-            continue
-        if run:
-            out.append((True, "".join(run)))
-            run = []
-        gap_lines += 1
-        gap_chars += len(line)
-    if run:
-        out.append((True, "".join(run)))
-    if gap_lines:
-        out.append((False, lines_elision(gap_lines, gap_chars, handle)))
+    run = prev = -1  # the first line of the run of kept lines, the last kept line
+    for i in kept:
+        if i > prev + 1:  # lines prev+1 .. i-1 elided
+            if run >= 0:
+                out.append((True, "".join(lines[run:prev + 1])))
+            out.append((False, lines_elision(i - prev - 1, sum(map(len, lines[prev + 1:i])),
+                                             handle)))
+            handle = ""  # named once, in the first marker
+            run = i
+        elif run < 0:
+            run = i
+        prev = i
+    if run >= 0:
+        out.append((True, "".join(lines[run:prev + 1])))
+    if prev < n - 1:
+        out.append((False, lines_elision(n - 1 - prev, sum(map(len, lines[prev + 1:])),
+                                         handle)))
     return out
 
 

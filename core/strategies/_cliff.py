@@ -42,12 +42,12 @@ from dataclasses import asdict, dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from .._archive import Archive, ArchivedItem, handle_of, open_archive
+from .._archive import Archive, ArchivedItem, MemoryArchive, handle_of, open_archive
 from .._events import DroppedItem
 from .._interner import same_objects
-from .._markers import COMPACTION_HEADER
+from .._markers import COMPACTION_HEADER, is_marked
 from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
-from ..dialects._base import LineIndex, Part, line_index, truncation_pieces
+from ..dialects._base import Dialect, LineIndex, Part, line_index, truncation_pieces
 from ..errors import PluginError
 from ._base import CompactionRequest, Rendered
 
@@ -137,6 +137,9 @@ class CliffStrategy:
     #: the calls, results and turn starts of the last history (:class:`_Scan`): the next
     #: call's history extends it, so only the new messages are scanned
     _scan: _Scan | None = field(default=None, init=False, compare=False, repr=False)
+    #: the handles put into an in-memory archive (:meth:`_archive`)
+    _stored: _Stored = field(default_factory=lambda: _Stored(None), init=False,
+                             compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.archive = open_archive(self.archive)
@@ -299,7 +302,32 @@ class CliffStrategy:
         for block, form in zip(blocks, forms):
             out += block.archived if form == _FULL else block.skimmed
         out += _tail_items(request)
-        archive.put_many(out)
+        stored = self._stored
+        if type(archive) is not MemoryArchive:
+            archive.put_many(out)
+            return
+        # an in-memory archive never forgets and leaves an item stored under its handle
+        # as it is: the items carried from earlier compactions need not be put again
+        if stored.archive is not archive or len(stored.handles) > _STORED_MAX:
+            stored = self._stored = _Stored(archive)
+        handles = stored.handles
+        new = [item for item in out if item.handle not in handles]
+        if new:
+            archive.put_many(new)
+            handles.update(item.handle for item in new)
+
+
+_STORED_MAX = 65_536  # handles remembered as put (more: forgotten, put again)
+
+
+class _Stored:
+    """The handles a strategy put into ``archive`` (an in-memory one)."""
+
+    __slots__ = ("archive", "handles")
+
+    def __init__(self, archive: Any) -> None:
+        self.archive = archive
+        self.handles: set[str] = set()
 
 
 @dataclass(slots=True)
@@ -504,9 +532,16 @@ class _TextCache:
         if found is not None and found[0] is message and found[1] is dialect:
             return found[2]
         parts = tuple(dialect.parts(message))
-        tools = tuple(p for p in parts if p.kind in ("tool_call", "tool_result")) if (
-            dialect.tool_call_ids(message) or dialect.tool_result_ids(message)) else ()
-        facts = (dialect.role(message), dialect.is_synthetic(message), parts, tools)
+        tools = tuple(p for p in parts if p.kind in ("tool_call", "tool_result"))
+        if tools and not (dialect.tool_call_ids(message) or dialect.tool_result_ids(message)):
+            tools = ()
+        role = dialect.role(message)
+        if type(dialect).is_synthetic is Dialect.is_synthetic:  # from the parts at hand
+            text = next((p.text for p in parts if p.kind == "text"), None)
+            synthetic = role == "user" and text is not None and is_marked(text)
+        else:
+            synthetic = dialect.is_synthetic(message)
+        facts = (role, synthetic, parts, tools)
         if len(self._parts) >= self.max_entries:
             self._parts = {}
         self._parts[id(message)] = (message, dialect, facts)

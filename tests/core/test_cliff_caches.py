@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentcompact import Budget, Engine, get_dialect, hookimpl, new_plugin_manager, split_turns
+from agentcompact._archive import MemoryArchive
 from agentcompact._tokens import MessageMeter, TiktokenCounter
 from agentcompact.dialects._base import Part
 from agentcompact.strategies import CompactionRequest, Rendered
@@ -90,6 +91,20 @@ def requests(msgs: list[Any], budget: int, name: str = "openai_chat",
 
 def same(a: Rendered, b: Rendered) -> bool:
     return (a.message, a.tokens, a.level, a.items) == (b.message, b.tokens, b.level, b.items)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(msgs=histories(), budget=st.integers(300, 12_000))
+def test_a_warm_strategy_archives_what_fresh_ones_do(msgs: list[Any], budget: int) -> None:
+    """A strategy that puts only handles it did not put before into its in-memory
+    archive ends with the items (handle, text, skim line) that putting everything at
+    every compaction gives."""
+    warm = CliffStrategy(archive=MemoryArchive())
+    every = MemoryArchive()
+    for req in requests(msgs, budget):
+        warm.compact(req)
+        CliffStrategy(archive=every).compact(req)
+    assert warm.archive._items == every._items
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

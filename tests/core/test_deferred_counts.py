@@ -171,7 +171,7 @@ def test_the_meter_defers_only_uncounted_messages_and_counts_them_exactly() -> N
     assert sorted(pending) == [i for i in range(len(messages)) if i >= 40
                                and exact.digests[i] not in exact.digests[:40]]
     for i, count in enumerate(measured.tokens):
-        assert count == (-1 if i in pending else exact.tokens[i])
+        assert count == (0 if i in pending else exact.tokens[i])
     for i, bound in pending.items():
         assert bound >= exact.tokens[i]
     at = sorted(pending)
@@ -187,3 +187,24 @@ def test_a_counter_without_a_byte_bound_counts_at_once() -> None:
                     budget=Budget(trigger_tokens=10_000))
     result = engine.compact([{"role": "user", "content": "hello there"}])
     assert len(counter.texts) == 1 and type(result) is CompactionResult
+
+
+def test_figures_stay_exact_when_views_share_their_lists_across_branches() -> None:
+    """A history that grows extends the last view's lists in place; one that forks (an
+    edited message, a shorter one, the first branch again) gets lists of its own: every
+    result's figures, read at the end, are those an engine counting at once gives."""
+    def message(k: int, variant: str = "") -> dict[str, Any]:
+        role = "assistant" if k % 2 else "user"
+        return {"role": role, "content": f"message {k}{variant} " + "word " * (40 + 13 * k)}
+
+    base = [message(k) for k in range(30)]
+    fork = base[:17] + [message(17, " edited")] + [message(k, " fork") for k in range(18, 26)]
+    calls = [base[:c] for c in range(2, 24, 3)] + [fork[:c] for c in range(18, 27, 2)]
+    calls += [base[:c] for c in (9, 24, 27, 30)] + [fork[:26], base[:30]]
+    lazy = Engine(strategy="cliff", dialect="openai_chat", budget=Budget(trigger_tokens=100_000))
+    eager = Engine(strategy="cliff", dialect="openai_chat", counter=EagerCounter(),
+                   budget=Budget(trigger_tokens=100_000))
+    results = [(lazy.compact(history), _figures(eager.compact(history))) for history in calls]
+    assert all(type(got) is not CompactionResult for got, _ in results)  # all deferred
+    for got, want in reversed(results):
+        assert _figures(got) == want
