@@ -870,7 +870,7 @@ class Engine:
         assert entry is not None
         before = state.tokens_at(view, n)
         overrides = dict(entry.overrides)
-        dropped = []
+        dropped: list[DroppedItem] = []
         for i, digest in entry.folds:
             if i >= n or view.digests[i] != digest or i in overrides:
                 continue
