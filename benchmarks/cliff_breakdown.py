@@ -4,7 +4,9 @@ Replays the shared Claude Code sessions (canaries planted at one depth, as
 ``fidelity_canaries.py`` does) through a default cliff engine at a 60k trigger and, at
 every call that compacted, splits the context sent into the head, the compaction message
 (by block: assistant text, kept tool results, user text, result notes on call lines, skim
-lines) and the kept turns; prints the mean over those calls, in tokens (o200k).
+lines) and the kept turns; prints the mean over those calls, in tokens (o200k), and the
+kept turns at the calls that only folded (``Engine`` fold: the newest turn's large tool
+outputs truncated once the agent has read them).
 
 Run:  TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/cliff_breakdown.py
       [--target N] [--sessions N] [--depth 0.5]
@@ -46,7 +48,7 @@ def main() -> None:
         return counter.count_texts([text])[0] if text else 0
 
     total: dict[str, float] = defaultdict(float)
-    n = 0
+    n = folds = 0
     for path in fc.CLAUDE[: args.sessions]:
         messages = copy.deepcopy(load(path)[0].messages)
         fc.plant(messages, args.depth, "x")
@@ -60,6 +62,10 @@ def main() -> None:
             if at is None or not result.compacted:
                 continue
             tokens = meter.measure(out).tokens
+            if all(e.reason == "fold" for e in result.events):  # the call after, once read
+                folds += 1
+                total["kept turns, folded"] += sum(tokens[at + 1:])
+                continue
             total["head"] += sum(tokens[:at])
             total["compaction message"] += tokens[at]
             total["kept turns"] += sum(tokens[at + 1:])
@@ -74,6 +80,8 @@ def main() -> None:
     for key in ("head", "compaction message", "  assistant", "  tool result", "  user",
                 "  result notes", "  skim lines", "  other", "kept turns"):
         print(f"{key:22} {total[key] / max(n, 1):8,.0f}")
+    print(f"{folds} folds (the call after a compaction whose newest turn held a large tool "
+          f"output); kept turns after one: {total['kept turns, folded'] / max(folds, 1):,.0f}")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,7 @@ class Tally:
     written: int = 0
     compactions: int = 0
     levels: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    folds: int = 0
 
 
 def _text(dialect: Any, messages: Any) -> str:
@@ -176,7 +177,10 @@ def run(messages: list[Any], trigger: int, target: int | None, meter: MessageMet
     for c in points:
         result = engine.compact(messages[:c])
         for event in result.events:
-            ours.levels[event.level] += 1
+            if event.reason == "fold":  # the newest turn's large outputs, once read
+                ours.folds += 1
+            else:
+                ours.levels[event.level] += 1
         sent = result.messages
         sent2 = peer.prepare({"messages": copy.deepcopy(messages[:c])},
                              cc_dialects.anthropic.DIALECT).outgoing_body()["messages"]
@@ -268,7 +272,8 @@ def main() -> None:
           f"CliffCompaction {theirs.present / max(theirs.needed, 1):.3f} "
           f"({theirs.needed} needed)")
     print(f"cost with caching, agentcompact / CliffCompaction: {ours.cost / theirs.cost:.3f}")
-    print(f"agentcompact compactions by level: {dict(sorted(ours.levels.items()))}")
+    print(f"agentcompact compactions by level: {dict(sorted(ours.levels.items()))}, "
+          f"folds {ours.folds}")
     if args.breakdown:
         for name, tally in (("agentcompact", ours), ("CliffCompaction", theirs)):
             print(f"{name:16} calls {tally.calls}, mean context "

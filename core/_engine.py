@@ -70,6 +70,10 @@ _TAIL_SHARE = 0.75  # kept turns may use this share of the target; the rest is f
 _TRUNCATE_FLOOR = 1_000  # tokens: kept messages above this may be truncated (last resort)
 _FLOOR_SHARE = 0.15  # the strategy's floor takes at most this of the trigger (fixed part aside)
 _FLOOR_MIN = 1_000  # ... or this, when it is more (never over the target, though)
+#: a large tool output of the newest kept turn, whole at a compaction because the agent has
+#: not read it, is folded to about this many tokens at the first call after it has (head,
+#: tail and error lines, with the handle of the original: ``Engine._fold``)
+_FOLD_TOKENS = 300
 
 
 @dataclass
@@ -212,6 +216,7 @@ class _Plan:
     reason: str
     level: int
     before: int
+    folds: tuple[tuple[int, str], ...] = ()  # the newest turn's tool outputs to fold
 
 
 @dataclass(frozen=True)
@@ -666,6 +671,12 @@ class Engine:
         view.fixed = fixed
         n = len(view.messages)
         state = _State(self._lookup(view, n))
+        events: list[CompactionEvent] = []
+        unfolded = -1
+        if state.entry is not None and state.entry.folds and self._read(view, state, n):
+            view = self._resolve(view)
+            unfolded = state.tokens_at(view, n)
+            state = self._fold(view, state, n, events)                    # fold
         if view.pending:
             # under the trigger by the bound alone: nothing to decide, counted when read
             if not force and not self._should_compact_hook.get_hookimpls() and (
@@ -674,9 +685,8 @@ class Engine:
                 return _Outcome(view, -1, state, ())
             view = self._resolve(view)
         before = state.tokens_at(view, n)
-        events: list[CompactionEvent] = []
         if not (force or self._should_compact(view, state, n, before)):   # decide
-            return _Outcome(view, before, state, ())
+            return _Outcome(view, before if unfolded < 0 else unfolded, state, tuple(events))
         turns = split_turns(view.messages, self._dialect)
         points = [s for s in turns.starts if s > (state.entry.cut if state.entry else 0)]
         if not points or points[-1] != n:
@@ -684,6 +694,8 @@ class Engine:
         initial = state.entry
         for c in points:
             last = c == n
+            if state.entry is not None and state.entry.folds and self._read(view, state, c):
+                state = self._fold(view, state, c, events)  # as a call at c would
             if not last and state.tokens_at(view, c) <= self._budget.trigger:
                 continue
             if last and not force and state.entry is not initial and not self._should_compact(
@@ -780,6 +792,7 @@ class Engine:
         scan_from = prev_cut if state.entry else head_len
         candidates = known + tuple(i for i in range(scan_from, options[-1])
                                    if self._kept_type(msgs[i]))
+        foldable = self._foldable(view, turn_starts[-1], c, pins)
         k = first
         while True:
             cut = options[k]
@@ -787,7 +800,12 @@ class Engine:
             kept_tokens = sum(view.tokens[i] for i in kept)
             target = budget.target_for(head_fixed + kept_tokens)
             tail = view.prefix[c] - view.prefix[cut]
-            room = target - head - kept_tokens - tail
+            # what the fold will take off the newest turn: the target is where the context
+            # lands once the agent has read it (never over the trigger before)
+            folds = tuple((i, view.digests[i]) for i in foldable if i >= cut)
+            extra = min(sum(view.tokens[i] - _FOLD_TOKENS for i, _ in folds),
+                        max(0, budget.trigger - target))
+            room = target - head - kept_tokens - tail + extra
             # the strategy's floor, scaled to what the fixed part leaves of the trigger
             share = int(_FLOOR_SHARE * max(0, budget.trigger - head_fixed - kept_tokens))
             floor = min(self._min_budget, max(_FLOOR_MIN, share))
@@ -807,26 +825,81 @@ class Engine:
             overrides = self._shrink_tail(view, cut, c, floor - room, tool_only=True,
                                           pins=pins, newest=False)
             room += _saved(view, overrides)
-        goal = target
+        goal = target + extra
         if room < floor:
             # The target is a goal, not a limit: the newest turn stays whole and the
             # strategy keeps its floor (over the target, at most _FLOOR_SHARE of what the
             # fixed part leaves of the trigger) as long as the trigger is met.
-            used = target - room
+            used = goal - room
             grant = max(room, min(floor, share))
             if used + grant <= budget.trigger:
                 room, goal = grant, used + grant
             else:  # last resort: the newest turn's tool output too, down to the target
-                overrides = self._shrink_tail(view, cut, c, floor - room, tool_only=True,
-                                              pins=pins, overrides=overrides)
+                overrides = self._shrink_tail(view, cut, c, floor - room + extra,
+                                              tool_only=True, pins=pins, overrides=overrides)
                 room = target - head - kept_tokens - tail + _saved(view, overrides)
+                goal, folds = target, tuple(f for f in folds if f[0] not in overrides)
         return _Plan(
             c=c, head_len=head_len, span_start=prev_cut, cut=cut, kept=kept,
             pinned=tuple(i for i in pins if i < cut and i not in kept), pins=pins,
             recent_turns=kept_turns[cut], target=goal, budget_tokens=max(0, room),
             overrides=tuple(sorted(overrides.items())), reason=reason, level=level,
-            before=state.tokens_at(view, c),
+            before=state.tokens_at(view, c), folds=folds,
         )
+
+    def _foldable(self, view: _View, start: int, c: int, pins: Sequence[int]) -> list[int]:
+        """The tool outputs of the newest turn ``[start, c)`` the fold would truncate once
+        the agent has read them: over ``_TRUNCATE_FLOOR`` tokens (the cliff strategy
+        archives those originals), not pinned."""
+        msgs, role = view.messages, self._dialect.role
+        return [i for i in range(start, c) if view.tokens[i] > _TRUNCATE_FLOOR
+                and i not in pins and not self._kept_type(msgs[i]) and role(msgs[i]) == "tool"]
+
+    def _read(self, view: _View, state: _State, n: int) -> bool:
+        """Whether the agent has read the entry's folds: a model output follows them in
+        ``messages[:n]``."""
+        assert state.entry is not None
+        is_model = self._dialect.is_model_output
+        msgs = view.messages
+        return any(is_model(msgs[k]) for k in range(max(i for i, _ in state.entry.folds) + 1,
+                                                     n))
+
+    def _fold(self, view: _View, state: _State, n: int, events: list[CompactionEvent]
+              ) -> _State:
+        """The entry with its folds done: each large tool output of the newest kept turn,
+        whole at the compaction because the agent had not read it, truncated to about
+        ``_FOLD_TOKENS`` (``Dialect.truncate``: head, tail, error lines, the handle of the
+        original). Only the messages from the first fold on are sent anew (a cache write,
+        1.25x, instead of a read, 0.1x, for a few thousand tokens), and every later call
+        reads thousands of tokens less. Appends the event; the entry is stored."""
+        t0 = time.perf_counter()
+        entry = state.entry
+        assert entry is not None
+        before = state.tokens_at(view, n)
+        overrides = dict(entry.overrides)
+        dropped: list[DroppedItem] = []
+        for i, digest in entry.folds:
+            if i >= n or view.digests[i] != digest or i in overrides:
+                continue
+            copy, tokens = self._shrink(view.messages[i], view.tokens[i], _FOLD_TOKENS)
+            if copy is not view.messages[i] and tokens < view.tokens[i]:
+                overrides[i] = (digest, copy, tokens)
+                dropped.append(DroppedItem(i, self._dialect.role(view.messages[i]),
+                                           "truncated", view.tokens[i] - tokens, "tool_result"))
+        folded = replace(entry, overrides=overrides, folds=())
+        self._store.put(view.chain[folded.cut - 1], folded)
+        state = _State(folded)
+        if dropped:
+            after = state.tokens_at(view, n)
+            events.append(CompactionEvent(
+                strategy=self.strategy_name, dialect=self._dialect.name,
+                tokens_before=before, tokens_after=after, messages_before=n,
+                messages_after=len(state.messages_at(view, n)), head_len=folded.head_len,
+                cut=folded.cut, reason="fold", level=folded.level,
+                over_budget=after > self._budget.limit,
+                latency_s=time.perf_counter() - t0, dropped=dropped,
+                episode_id=self._episode_id))
+        return state
 
     def _pins(self, view: _View, head_len: int, end: int) -> tuple[int, ...]:
         """Indices in ``[head_len, end)`` a plugin pins (``agentcompact_pin``)."""
@@ -876,7 +949,7 @@ class Engine:
                             f"the compaction message cannot be read: {describe_error(exc)}")
         name = self.strategy_name if rung == "strategy" else rung
         entry = PrefixEntry(plan.head_len, plan.cut, message, tokens, name, rendered.level,
-                            dict(plan.overrides), plan.kept)
+                            dict(plan.overrides), plan.kept, plan.folds)
         entry = self._truncate_tail(view, entry, plan)
         out = _State(entry).messages_at(view, plan.c)
         problem = self._validity(view, out, plan.c)

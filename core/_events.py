@@ -68,7 +68,7 @@ class CompactionEvent:
     messages_after: int
     head_len: int
     cut: int
-    reason: str = "trigger"  # trigger | replay | reactive | forced
+    reason: str = "trigger"  # trigger | replay | reactive | forced | fold
     level: int = 0
     recent_turns: int = 0
     over_budget: bool = False

@@ -71,6 +71,10 @@ class PrefixEntry:
     kept: tuple[int, ...] = ()
     """indices in ``[head_len, cut)`` sent verbatim before the compaction message:
     instructions, items the dialect does not model, compaction messages fed back in"""
+    folds: tuple[tuple[int, str], ...] = ()
+    """(index, digest) of the large tool outputs of the newest kept turn, whole because
+    the agent had not read them: truncated at the first call after it has (the engine's
+    fold; ``()`` once done)"""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +83,7 @@ class PrefixEntry:
             "level": self.level,
             "overrides": {str(k): list(v) for k, v in self.overrides.items()},
             "kept": list(self.kept),
+            "folds": [list(f) for f in self.folds],
         }
 
     @classmethod
@@ -86,7 +91,8 @@ class PrefixEntry:
         overrides = {int(k): (v[0], v[1], int(v[2])) for k, v in data["overrides"].items()}
         return cls(data["head_len"], data["cut"], data["message"], data["message_tokens"],
                    data["strategy"], data.get("level", 0), overrides,
-                   tuple(int(i) for i in data.get("kept", ())))
+                   tuple(int(i) for i in data.get("kept", ())),
+                   tuple((int(i), str(d)) for i, d in data.get("folds", ())))
 
     def nbytes(self) -> int:
         """Approximate memory of the entry (messages of framework objects: their repr)."""

@@ -82,18 +82,20 @@ class CliffLevel:
     keep_superseded: bool = True
 
 
-#: Level 0 already leaves out superseded output, keeps results to 300 characters whole and
-#: cuts longer ones to 200 (head, tail, error lines), call arguments to 120 and assistant
-#: text to 1,500 (level 1 drops thinking besides): what a compaction keeps beyond that is
-#: bulk one expand away, and the compaction message is read at every later call
-#: (docs/strategies/cliff.md "Why this default": these caps cost 1.8% less than results
-#: to 400 and arguments to 300, and keep one canary more; a fuller level 0, results to
-#: 1,200 characters, costs 3% more for no canary more).
+#: Level 0 already leaves out superseded output and thinking (archived), keeps results to
+#: 300 characters whole and cuts longer ones to 150 (head, tail, error lines), call
+#: arguments to 120 and assistant text to 1,500 (level 1 is the same; level 2 skims long
+#: results): what a compaction keeps beyond that is bulk one expand away, and the
+#: compaction message is read at every later call (docs/strategies/cliff.md "Why this
+#: default": with the fold, leaving thinking out and cutting results to 150 instead of 200
+#: cost 1.3% less for the same canaries; results to 200 and arguments to 120 cost 1.8% less
+#: than results to 400 and arguments to 300; a fuller level 0, results to 1,200
+#: characters, costs 3% more for no canary more).
 DEFAULT_LEVELS = (
-    CliffLevel(assistant_max=1_500, call_args_max=120, result_keep=300, result_max=200,
-               keep_superseded=False),
     CliffLevel(assistant_max=1_500, thinking_max=0, call_args_max=120, result_keep=300,
-               result_max=200, keep_superseded=False),
+               result_max=150, keep_superseded=False),
+    CliffLevel(assistant_max=1_500, thinking_max=0, call_args_max=120, result_keep=300,
+               result_max=150, keep_superseded=False),
     CliffLevel(assistant_max=1_500, thinking_max=0, call_args_max=120, result_keep=300,
                result_max=0, keep_superseded=False),
     CliffLevel(human_max=8_000, assistant_max=800, thinking_max=0, call_args_max=120,

@@ -102,11 +102,20 @@ def test_pinned_message_verbatim() -> None:
     assert msgs[4]["content"] in text
 
 
-def test_thinking_dropped_after_level_zero() -> None:
+def test_thinking_left_out_by_default_kept_by_a_level_that_caps_it() -> None:
+    from dataclasses import replace
+
+    from agentcompact.strategies._cliff import DEFAULT_LEVELS
+
     msgs = build("anthropic", PLAN)
-    assert "[thinking]" in "".join(t for _, t in render_segments(request("anthropic", msgs), 0))
     assert "[thinking]" not in "".join(
-        t for _, t in render_segments(request("anthropic", msgs), 1))
+        t for _, t in render_segments(request("anthropic", msgs), 0))
+    levels = (replace(DEFAULT_LEVELS[0], thinking_max=600), *DEFAULT_LEVELS[1:])
+    keeps = CliffStrategy(levels=levels, archive=False)
+    assert "[thinking]" in "".join(
+        t for _, t in render_segments(request("anthropic", msgs), 0, keeps))
+    assert "[thinking]" not in "".join(
+        t for _, t in render_segments(request("anthropic", msgs), 1, keeps))
 
 
 def test_render_message_hook_overrides_with_quotes() -> None:
@@ -148,8 +157,9 @@ def test_grading_by_age_leans_the_oldest_items_and_keeps_the_level() -> None:
     span = [i for i in range(req.span_start, req.cut) if msgs[i]["role"] == "tool"
             and len(msgs[i]["content"]) > DEFAULT_LEVELS[1].result_keep]
     newest, oldest = msgs[span[-1]]["content"], msgs[span[0]]["content"]
-    assert newest[:100] in text and newest[:100] not in flat  # level 1 keeps its head
-    assert oldest[:100] not in text  # ... the oldest went lean
+    head = DEFAULT_LEVELS[1].result_max // 2  # a character cut keeps half head, half tail
+    assert newest[:head] in text and newest[:head] not in flat  # level 1 keeps its head
+    assert oldest[:head] not in text  # ... the oldest went lean
     assert "earlier items omitted" not in text  # nothing left out whole
 
 
