@@ -24,6 +24,13 @@ as a ratio agentcompact / CliffCompaction.
 
 Run:  TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/fidelity_canaries.py
       (--depths 0.5 --sessions 1 for a quick look; --target N to try a target)
+
+What-if rules for the fold (``Engine._fold``; they replace the engine's private ``_read`` and
+``_FOLD_TOKENS`` for this run, to measure a rule before it goes into the engine):
+``--fold-after K`` folds after K model outputs instead of 1; ``--fold-unquoted`` counts only
+the model outputs that quote none of the folded outputs' items new to the history (what
+``extract_items`` finds in them and not in the messages before them); ``--fold-tokens N``
+sets the folded size; ``--fold-after 0`` turns the fold off.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from cliffcompaction import dialects as cc_dialects
 from cliffcompaction.config import Config
 from cliffcompaction.engine import Engine as CliffEngine
 
+import agentcompact._engine as engine_module
 from agentcompact import Budget, Engine, MemoryArchive, StrategySettings, get_dialect
 from agentcompact._cachecost import CacheCost
 from agentcompact._tokens import MessageMeter, TiktokenCounter
@@ -147,6 +155,46 @@ class Tally:
     folds: int = 0
 
 
+def fold_rule(after: int, unquoted: bool) -> Any:
+    """A replacement for ``Engine._read``: the folds are due once ``after`` model outputs
+    (runs of model-output messages: one per call) follow them, counting, if ``unquoted``,
+    only the outputs that quote none of the folded outputs' new items (a quoting one
+    restarts the count). A function of ``messages[:n]`` alone, monotone in ``n``: replay
+    and incremental calls fold at the same call."""
+    cache: dict[str, frozenset[str]] = {}
+
+    def new_items(dialect: Any, view: Any, i: int) -> frozenset[str]:
+        key = view.chain[i]  # the digest of messages[:i + 1]
+        if key not in cache:
+            earlier = _text(dialect, view.messages[:i])
+            cache[key] = frozenset(item for item in extract_items(dialect.text_of(
+                view.messages[i])) if item not in earlier)
+        return cache[key]
+
+    def read(self: Any, view: Any, state: Any, n: int) -> bool:
+        if after <= 0:
+            return False
+        dialect, msgs = self._dialect, view.messages
+        folds = [i for i, _ in state.entry.folds if i < n]
+        items: set[str] = set()
+        if unquoted:
+            for i in folds:
+                items |= new_items(dialect, view, i)
+        count, quoted, previous = 0, False, False
+        for k in range(max(i for i, _ in state.entry.folds) + 1, n + 1):
+            model = k < n and dialect.is_model_output(msgs[k])
+            if model:
+                quoted = quoted or any(item in dialect.text_of(msgs[k]) for item in items)
+            elif previous:  # a model output ended
+                count = 0 if quoted else count + 1
+                quoted = False
+                if count >= after:
+                    return True
+            previous = model
+        return False
+    return read
+
+
 def _text(dialect: Any, messages: Any) -> str:
     return "\n".join(dialect.text_of(m) for m in messages)
 
@@ -235,6 +283,12 @@ def main() -> None:
                         help="where the cost goes: mean context, tokens written, compactions")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
                         help="a cliff strategy setting to try (repeatable)")
+    parser.add_argument("--fold-after", type=int, default=1, metavar="K",
+                        help="what-if: fold after K model outputs (0: no fold)")
+    parser.add_argument("--fold-unquoted", action="store_true",
+                        help="what-if: count only outputs quoting none of the folded items")
+    parser.add_argument("--fold-tokens", type=int, default=None, metavar="N",
+                        help="what-if: the folded size (default: the engine's)")
     args = parser.parse_args()
     global VERBOSE
     VERBOSE = args.verbose
@@ -244,9 +298,15 @@ def main() -> None:
                 (item.split("=", 1) for item in args.set)}
     meter = MessageMeter(TiktokenCounter(), get_dialect("anthropic"))
     ours, theirs = Tally(), Tally()
-    per_session = []
+    if args.fold_after != 1 or args.fold_unquoted:
+        engine_module.Engine._read = fold_rule(args.fold_after,  # type: ignore[method-assign]
+                                               args.fold_unquoted)
+    if args.fold_tokens is not None:
+        engine_module._FOLD_TOKENS = args.fold_tokens
+    per_session, recall = [], []
     for path in CLAUDE[: args.sessions]:
         before = ours.cost, theirs.cost
+        seen = ours.present, ours.needed, theirs.present, theirs.needed
         original = load(path)[0].messages
         for depth in args.depths:
             messages = copy.deepcopy(original)
@@ -255,6 +315,8 @@ def main() -> None:
             run(messages, args.trigger, args.target, meter, texts, ours, theirs, settings)
         ratio = (ours.cost - before[0]) / (theirs.cost - before[1])
         per_session.append(f"{path.stem[:8]} {ratio:.3f}")
+        recall.append(f"{path.stem[:8]} {(ours.present - seen[0]) / (ours.needed - seen[1]):.3f}"
+                      f" vs {(theirs.present - seen[2]) / max(theirs.needed - seen[3], 1):.3f}")
     target = Budget(trigger_tokens=args.trigger, target_tokens=args.target).target
     print(f"trigger {args.trigger:,}, target {target:,}; {args.sessions} sessions x "
           f"{len(args.depths)} depths")
@@ -281,6 +343,7 @@ def main() -> None:
                   f"{tally.written:,} ({tally.written / max(tally.tokens, 1):.1%}), "
                   f"context shrank {tally.compactions} times")
         print(f"cost with caching by session: {', '.join(per_session)}")
+        print(f"recall in context by session (vs CliffCompaction): {', '.join(recall)}")
 
 
 if __name__ == "__main__":
