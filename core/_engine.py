@@ -886,10 +886,18 @@ class Engine:
                 overrides[i] = (digest, copy, tokens)
                 dropped.append(DroppedItem(i, self._dialect.role(view.messages[i]),
                                            "truncated", view.tokens[i] - tokens, "tool_result"))
-        folded = replace(entry, overrides=overrides, folds=())
-        self._store.put(view.chain[folded.cut - 1], folded)
+        # stored under the prefix that holds the read (the first ``messages[:m]`` the rule
+        # calls read), not the compaction's: a retry of the compacting request, or another
+        # rollout from its prefix, has not read the output and still gets it whole
+        length = self._read_at(view, state, n)
+        folded = replace(entry, overrides=overrides, folds=(), length=length)
+        problem = self._validity(view, _State(folded).messages_at(view, n), n) if dropped \
+            else None
+        if problem is not None:  # nothing folded, and not tried again
+            folded, dropped = replace(entry, folds=(), length=length), []
+        self._store.put(view.chain[length - 1], folded)
         state = _State(folded)
-        if dropped:
+        if dropped or problem is not None:
             after = state.tokens_at(view, n)
             events.append(CompactionEvent(
                 strategy=self.strategy_name, dialect=self._dialect.name,
@@ -898,8 +906,21 @@ class Engine:
                 cut=folded.cut, reason="fold", level=folded.level,
                 over_budget=after > self._budget.limit,
                 latency_s=time.perf_counter() - t0, dropped=dropped,
-                episode_id=self._episode_id))
+                episode_id=self._episode_id, error=problem,
+                fallback=None if problem is None else "none"))
         return state
+
+    def _read_at(self, view: _View, state: _State, n: int) -> int:
+        """The least ``m <= n`` for which :meth:`_read` holds of ``messages[:m]`` (it holds
+        of ``messages[:n]``, and once it holds it holds of every longer history)."""
+        lo, hi = max(i for i, _ in state.entry.folds) + 1 if state.entry else 1, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._read(view, state, mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return hi
 
     def _pins(self, view: _View, head_len: int, end: int) -> tuple[int, ...]:
         """Indices in ``[head_len, end)`` a plugin pins (``agentcompact_pin``)."""

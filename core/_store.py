@@ -75,6 +75,15 @@ class PrefixEntry:
     """(index, digest) of the large tool outputs of the newest kept turn, whole because
     the agent had not read them: truncated at the first call after it has (the engine's
     fold; ``()`` once done)"""
+    length: int = 0
+    """the length of the prefix the entry is stored under, when not ``cut``: a folded
+    entry is stored under the first prefix that holds the agent's read of the outputs it
+    folds, so a history without that read (a retried request) still finds the unfolded one"""
+
+    @property
+    def key_length(self) -> int:
+        """The length of the prefix whose chain digest keys this entry."""
+        return self.length or self.cut
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +93,7 @@ class PrefixEntry:
             "overrides": {str(k): list(v) for k, v in self.overrides.items()},
             "kept": list(self.kept),
             "folds": [list(f) for f in self.folds],
+            "length": self.length,
         }
 
     @classmethod
@@ -92,7 +102,8 @@ class PrefixEntry:
         return cls(data["head_len"], data["cut"], data["message"], data["message_tokens"],
                    data["strategy"], data.get("level", 0), overrides,
                    tuple(int(i) for i in data.get("kept", ())),
-                   tuple((int(i), str(d)) for i, d in data.get("folds", ())))
+                   tuple((int(i), str(d)) for i, d in data.get("folds", ())),
+                   int(data.get("length", 0)))
 
     def nbytes(self) -> int:
         """Approximate memory of the entry (messages of framework objects: their repr)."""
@@ -143,7 +154,7 @@ class PrefixScan:
 
     def find(self, chain: Sequence[str], n: int) -> PrefixEntry | None:
         """The stored entry replacing the longest prefix of the first ``n`` messages whose
-        chain digests are ``chain`` (``entry.cut`` is its length). ``chain`` is kept for
+        chain digests are ``chain`` (``entry.key_length`` is its length). ``chain`` is kept for
         the next scan: its first ``n`` entries must not be changed afterwards (the engine
         appends to it, :meth:`Engine._grow_view`)."""
         get = self.store.get
@@ -158,13 +169,13 @@ class PrefixScan:
         at = 0
         for i in range(n, low, -1):
             entry = get(chain[i - 1])
-            if entry is not None and entry.cut == i and entry.head_len <= i:
+            if entry is not None and entry.key_length == i and entry.head_len <= i:
                 found, at = entry, i
                 break
         else:
             if hit:
                 entry = get(chain[hit - 1])
-                if entry is not None and entry.cut == hit and entry.head_len <= hit:
+                if entry is not None and entry.key_length == hit and entry.head_len <= hit:
                     found, at = entry, hit
                 else:  # removed without a version change: check every prefix
                     self._memo = None

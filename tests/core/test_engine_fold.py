@@ -114,3 +114,33 @@ def test_an_entry_round_trips_its_folds() -> None:
     old = {k: v for k, v in entry.to_dict().items() if k != "folds"}  # stored before folds
     assert PrefixEntry.from_dict(old).folds == ()
     assert re.fullmatch(r"\(\(4, 'abc'\),\)", repr(entry.folds))
+    folded = PrefixEntry(1, 5, {"role": "user", "content": "x"}, 3, "cliff", length=7)
+    back = PrefixEntry.from_dict(json.loads(json.dumps(folded.to_dict())))
+    assert back == folded and back.key_length == 7 and entry.key_length == 5
+    assert PrefixEntry.from_dict({k: v for k, v in folded.to_dict().items()
+                                  if k != "length"}).key_length == 5  # stored before
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses"])
+def test_a_retry_of_the_compacting_call_after_the_fold_still_sends_the_output_whole(
+        dialect: str) -> None:
+    """A client retrying the request that compacted (an overloaded upstream, a dropped
+    connection), or another rollout from the same prefix, after a later call folded:
+    the agent has still not read the output there, so it goes whole again."""
+    engine = make(dialect)
+    msgs = build(dialect, PLAN)
+    points = call_points(msgs, engine.dialect)
+    sent: dict[int, list[str]] = {}
+    reasons: dict[int, list[str]] = {}
+    for c in points:
+        result = engine.compact(msgs[:c])
+        sent[c], reasons[c] = dumps(result.messages), [e.reason for e in result.events]
+    at = next(c for c in points if "trigger" in reasons[c])
+    after = points[points.index(at) + 1]
+    assert reasons[after] == ["fold"]
+    retry = engine.compact(msgs[:at])
+    assert dumps(retry.messages) == sent[at]
+    assert big_output(engine, msgs) in "\n".join(engine.dialect.text_of(m)
+                                                 for m in retry.messages)
+    again = engine.compact(msgs[:after])  # and the call after it is folded again, the same
+    assert dumps(again.messages) == sent[after]
