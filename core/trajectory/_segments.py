@@ -50,6 +50,8 @@ TRIGGERS = {
     "trigger": "token_budget",
     "reactive": "token_budget",
     "replay": "token_budget",
+    "fold": "token_budget",  # the newest kept turn's large outputs cut once read
+    "background": "token_budget",
     "token_budget": "token_budget",
     "turn_limit": "turn_limit",
     "forced": "model_initiated",
