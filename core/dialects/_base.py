@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, ClassVar
@@ -293,6 +293,15 @@ def truncated(text: str, max_chars: int) -> str:
     return head_tail(text, max_chars, handle=handle_of(text))
 
 
+
+def first_text_marked(parts: Iterable[Part]) -> bool:
+    """Whether the first text part of ``parts`` carries agentcompact's marker: a user
+    message's parts are then :meth:`Dialect.is_synthetic` (for a caller that has them)."""
+    for part in parts:
+        if part.kind == "text":
+            return is_marked(part.text)
+    return False
+
 class Dialect:
     """Base class of message dialects. Subclasses set ``name`` and implement the hooks.
 
@@ -385,12 +394,7 @@ class Dialect:
 
     def is_synthetic(self, message: Any) -> bool:
         """True when the message is a compaction or summary message agentcompact wrote."""
-        if self.role(message) != "user":
-            return False
-        for part in self.parts(message):
-            if part.kind == "text":
-                return is_marked(part.text)
-        return False
+        return self.role(message) == "user" and first_text_marked(self.parts(message))
 
     # --- building messages --------------------------------------------------------
     def text_message(self, text: str, role: str = "user") -> Any:

@@ -45,9 +45,16 @@ from typing import Any
 from .._archive import Archive, ArchivedItem, MemoryArchive, handle_of, open_archive
 from .._events import DroppedItem
 from .._interner import same_objects
-from .._markers import COMPACTION_HEADER, is_marked
+from .._markers import COMPACTION_HEADER
 from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
-from ..dialects._base import Dialect, LineIndex, Part, line_index, truncation_pieces
+from ..dialects._base import (
+    Dialect,
+    LineIndex,
+    Part,
+    first_text_marked,
+    line_index,
+    truncation_pieces,
+)
 from ..errors import PluginError
 from ._base import CompactionRequest, Rendered
 
@@ -539,8 +546,7 @@ class _TextCache:
             tools = ()
         role = dialect.role(message)
         if type(dialect).is_synthetic is Dialect.is_synthetic:  # from the parts at hand
-            text = next((p.text for p in parts if p.kind == "text"), None)
-            synthetic = role == "user" and text is not None and is_marked(text)
+            synthetic = role == "user" and first_text_marked(parts)
         else:
             synthetic = dialect.is_synthetic(message)
         facts = (role, synthetic, parts, tools)
