@@ -673,7 +673,7 @@ class Engine:
         state = _State(self._lookup(view, n))
         events: list[CompactionEvent] = []
         unfolded = -1
-        if state.entry is not None and state.entry.folds and self._read(view, state, n):
+        if self._fold_due(view, state, n):
             view = self._resolve(view)
             unfolded = state.tokens_at(view, n)
             state = self._fold(view, state, n, events)                    # fold
@@ -694,7 +694,7 @@ class Engine:
         initial = state.entry
         for c in points:
             last = c == n
-            if state.entry is not None and state.entry.folds and self._read(view, state, c):
+            if self._fold_due(view, state, c):
                 state = self._fold(view, state, c, events)  # as a call at c would
             if not last and state.tokens_at(view, c) <= self._budget.trigger:
                 continue
@@ -855,6 +855,10 @@ class Engine:
         return [i for i in range(start, c) if view.tokens[i] > _TRUNCATE_FLOOR
                 and i not in pins and not self._kept_type(msgs[i]) and role(msgs[i]) == "tool"]
 
+    def _fold_due(self, view: _View, state: _State, n: int) -> bool:
+        """Whether the entry of ``state`` has folds the agent has read in ``messages[:n]``."""
+        return state.entry is not None and bool(state.entry.folds) and self._read(view, state, n)
+
     def _read(self, view: _View, state: _State, n: int) -> bool:
         """Whether the agent has read the entry's folds: a model output follows them in
         ``messages[:n]``."""
@@ -891,18 +895,20 @@ class Engine:
         # rollout from its prefix, has not read the output and still gets it whole
         length = self._read_at(view, state, n)
         folded = replace(entry, overrides=overrides, folds=(), length=length)
-        problem = self._validity(view, _State(folded).messages_at(view, n), n) if dropped \
-            else None
+        state = _State(folded)
+        out = state.messages_at(view, n) if dropped else []
+        problem = self._validity(view, out, n) if dropped else None
         if problem is not None:  # nothing folded, and not tried again
             folded, dropped = replace(entry, folds=(), length=length), []
+            state = _State(folded)
+            out = state.messages_at(view, n)
         self._store.put(view.chain[length - 1], folded)
-        state = _State(folded)
-        if dropped or problem is not None:
+        if out:
             after = state.tokens_at(view, n)
             events.append(CompactionEvent(
                 strategy=self.strategy_name, dialect=self._dialect.name,
                 tokens_before=before, tokens_after=after, messages_before=n,
-                messages_after=len(state.messages_at(view, n)), head_len=folded.head_len,
+                messages_after=len(out), head_len=folded.head_len,
                 cut=folded.cut, reason="fold", level=folded.level,
                 over_budget=after > self._budget.limit,
                 latency_s=time.perf_counter() - t0, dropped=dropped,
@@ -913,7 +919,8 @@ class Engine:
     def _read_at(self, view: _View, state: _State, n: int) -> int:
         """The least ``m <= n`` for which :meth:`_read` holds of ``messages[:m]`` (it holds
         of ``messages[:n]``, and once it holds it holds of every longer history)."""
-        lo, hi = max(i for i, _ in state.entry.folds) + 1 if state.entry else 1, n
+        assert state.entry is not None
+        lo, hi = max(i for i, _ in state.entry.folds) + 1, n
         while lo < hi:
             mid = (lo + hi) // 2
             if self._read(view, state, mid):
@@ -1216,11 +1223,7 @@ class Engine:
         else:
             pending = dict(pending)
         if len(msgs) > k:
-            measured, new = self._meter.measure_deferred(msgs[k:])
-            digests += measured.digests
-            tokens += measured.tokens
-            for i, bound in new.items():
-                pending[k + i] = bound
+            self._measure_onto(msgs, k, digests, tokens, pending)
         # the chain and the prefix sums are recomputed from the first changed message
         chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)],
                               seed=self._seed)
@@ -1237,16 +1240,22 @@ class Engine:
         digests, tokens, chain, prefix = last.digests, last.tokens, last.chain, last.prefix
         pending = dict(last.pending)
         if len(msgs) > m:
-            measured, new = self._meter.measure_deferred(msgs[m:])
-            digests += measured.digests
-            tokens += measured.tokens
-            for i, bound in new.items():
-                pending[m + i] = bound
-            extend_chain(chain, measured.digests, self._seed)
-            sums = itertools.accumulate(measured.tokens, initial=prefix[-1])
+            self._measure_onto(msgs, m, digests, tokens, pending)
+            extend_chain(chain, digests[m:], self._seed)
+            sums = itertools.accumulate(tokens[m:], initial=prefix[-1])
             next(sums)  # the initial value: prefix[m], there already
             prefix += sums
         return _View(msgs, digests, tokens, chain, prefix, pending=pending)
+
+    def _measure_onto(self, msgs: list[Any], k: int, digests: list[str], tokens: list[int],
+                      pending: dict[int, int]) -> None:
+        """Measure ``msgs[k:]`` (deferred: :meth:`MessageMeter.measure_deferred`) onto the
+        lists of ``msgs[:k]``'s digests and counts, and their byte bounds into ``pending``."""
+        measured, new = self._meter.measure_deferred(msgs[k:])
+        digests += measured.digests
+        tokens += measured.tokens
+        for i, bound in new.items():
+            pending[k + i] = bound
 
     def _lookup(self, view: _View, n: int) -> PrefixEntry | None:
         """The stored entry replacing the longest prefix of ``view.messages[:n]``."""
