@@ -86,6 +86,22 @@ def _truncate_block(block: Any, max_chars: int) -> Any:
     return block
 
 
+def _block_texts(block: Any) -> list[str]:
+    """The texts ``_truncate_block`` may cut in ``block``, one by one."""
+    if not isinstance(block, dict):
+        return []
+    kind = block.get("type")
+    if kind == "text":
+        return [str(block.get("text", ""))]
+    if kind == "tool_result":
+        content = block.get("content", "")
+        if isinstance(content, str):
+            return [content]
+        return [t for b in content if isinstance(content, list) for t in _block_texts(b)] \
+            if isinstance(content, list) else []
+    return []
+
+
 class AnthropicDialect(Dialect):
     """Messages of the Anthropic Messages API."""
 
@@ -203,6 +219,15 @@ class AnthropicDialect(Dialect):
         if all(a is b for a, b in zip(new, content)):
             return message
         return {**message, "content": new}
+
+    def truncation_texts(self, message: Any) -> list[str]:
+        content = message.get("content", "")
+        if isinstance(content, str):
+            return [content]
+        out: list[str] = []
+        for block in content if isinstance(content, list) else ():
+            out += _block_texts(block)
+        return out
 
     def check_shape(self, message: Any, index: int) -> None:
         super().check_shape(message, index)

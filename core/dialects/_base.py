@@ -409,6 +409,14 @@ class Dialect:
         """
         raise NotImplementedError
 
+    def truncation_texts(self, message: Any) -> list[str]:
+        """The texts :meth:`truncate` may cut in ``message``, each as its marker names it
+        (:func:`truncated`: the handle of that text): what an archive must hold so that an
+        expand of the marker finds the original. By default the text and tool-result
+        parts' texts; a dialect whose truncate cuts the items of a part one by one (a tool
+        result of several text blocks) names those items."""
+        return [p.text for p in self.parts(message) if p.kind in ("text", "tool_result")]
+
     # --- request bodies -----------------------------------------------------------
     def messages_of(self, body: dict[str, Any]) -> list[Any]:
         """The message list of a request body."""

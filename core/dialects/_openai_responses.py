@@ -73,6 +73,18 @@ def _output_text(output: Any) -> str:
     return ""
 
 
+def _truncated_texts(content: list[Any], max_chars: int) -> list[Any] | None:
+    """``content`` with each text item longer than ``max_chars`` truncated (the others,
+    images included, as they are); ``None`` when none is."""
+    new = [
+        {**c, "text": truncated(c["text"], max_chars)}
+        if isinstance(c, dict) and isinstance(c.get("text"), str)
+        and len(c["text"]) > max_chars else c
+        for c in content
+    ]
+    return new if any(a is not b for a, b in zip(new, content)) else None
+
+
 class OpenAIResponsesDialect(Dialect):
     """Input items of the OpenAI Responses API (Codex CLI speaks this)."""
 
@@ -136,6 +148,17 @@ class OpenAIResponsesDialect(Dialect):
         # not modelled (``additional_tools``…): its JSON is what it counts; kept verbatim
         return [Part("other", json_text(message))]
 
+    def truncation_texts(self, message: Any) -> list[str]:
+        kind = _item_type(message)
+        value = message.get("output") if kind in _OUTPUTS else (
+            message.get("content") if kind == "message" else None)
+        if isinstance(value, str):
+            return [value] if kind in _OUTPUTS else []
+        if isinstance(value, list):
+            return [c["text"] for c in value
+                    if isinstance(c, dict) and isinstance(c.get("text"), str)]
+        return []
+
     def messages_of(self, body: dict[str, Any]) -> list[Any]:
         value = body.get("input")
         if isinstance(value, str):
@@ -155,14 +178,12 @@ class OpenAIResponsesDialect(Dialect):
             if len(out) > max_chars:
                 return {**message, "output": truncated(out, max_chars)}
             return message
+        if kind in _OUTPUTS and isinstance(message.get("output"), list):
+            # an output as content items (Codex CLI 0.171 sends its ``exec`` tool's so)
+            new = _truncated_texts(message["output"], max_chars)
+            return message if new is None else {**message, "output": new}
         if kind == "message" and isinstance(message.get("content"), list):
-            content = message["content"]
-            new = [
-                {**c, "text": truncated(c["text"], max_chars)}
-                if isinstance(c, dict) and isinstance(c.get("text"), str)
-                and len(c["text"]) > max_chars else c
-                for c in content
-            ]
-            if any(a is not b for a, b in zip(new, content)):
+            new = _truncated_texts(message["content"], max_chars)
+            if new is not None:
                 return {**message, "content": new}
         return message

@@ -898,15 +898,19 @@ def _render(request: CompactionRequest, context: _Context, item: _Item, caps: Cl
 
 def _tail_items(request: CompactionRequest) -> list[ArchivedItem]:
     """Originals of the kept messages the engine may truncate (over ``_TAIL_TRUNCATABLE``
-    tokens): ``Dialect.truncate`` names their handle, so an expand must find them."""
+    tokens): ``Dialect.truncate`` names their handle, so an expand must find them
+    (``Dialect.truncation_texts``: the texts it may cut, one by one)."""
     tail = request.messages[request.cut:]
+    dialect = request.dialect
+    texts_of = getattr(dialect, "truncation_texts", None) or (
+        lambda m: [p.text for p in dialect.parts(m) if p.kind in ("text", "tool_result")])
     out = []
     for message, tokens in zip(tail, request.meter.measure(tail).tokens):
         if tokens <= _TAIL_TRUNCATABLE:
             continue
-        for part in request.dialect.parts(message):
-            if len(part.text) > _TAIL_MIN_CHARS and part.kind in ("text", "tool_result"):
-                out.append(ArchivedItem(handle_of(part.text), part.text))
+        for text in texts_of(message):
+            if len(text) > _TAIL_MIN_CHARS:
+                out.append(ArchivedItem(handle_of(text), text))
     return out
 
 

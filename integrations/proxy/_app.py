@@ -698,6 +698,7 @@ class CompactionProxy:
             tokens_in=result.tokens_original if result is not None else None,
             tokens_out=result.tokens_after if result is not None else None,
             compacted=out.retried or (result is not None and result.compacted),
+            reasons=[e.reason for e in result.events] if result is not None else [],
             modified=out.modified,
             strategy=(req.engine.strategy_name
                       if result is not None and req is not None and req.engine is not None

@@ -35,6 +35,9 @@ class ExchangeLog:
     tokens_in: int | None = None
     tokens_out: int | None = None
     compacted: bool = False
+    #: why, one per compaction the call made (``CompactionEvent.reason``: ``trigger``,
+    #: ``fold``, ``reactive``…; a retried request's compaction is ``reactive``)
+    reasons: list[str] = field(default_factory=list)
     modified: bool = False
     strategy: str | None = None
     added_ms: float = 0.0

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from agentcompact import validate
+from agentcompact._archive import handle_of
 from agentcompact.dialects import AnthropicDialect, Dialect, OpenAIResponsesDialect, digest_of
 from agentcompact.integrations.proxy._observe import redact_json
 from agentcompact.testing._clis import (
@@ -119,6 +120,39 @@ def test_the_newest_message_goes_upstream_whole(session: CliRun) -> None:
         ours = dialect.messages_of(redact_json(sent.body))
         theirs = dialect.messages_of(client["body"])
         assert ours[-1] == theirs[-1]
+
+
+def _results(dialect: Dialect, messages: list[Any]) -> list[tuple[int, str]]:
+    """(message index, text) of every tool result of ``messages``."""
+    return [(i, p.text) for i, m in enumerate(messages) for p in dialect.parts(m)
+            if p.kind == "tool_result" and p.text]
+
+
+def test_a_read_tool_output_is_folded_at_the_next_call(session: CliRun) -> None:
+    """The fold (issue 15), in the real CLIs' sessions: at a call after a compaction whose
+    newest turn held a large tool output (a 6,000-byte step file), the output the model
+    has read by then goes upstream cut to its head and tail, its marker naming the handle
+    of the original; the call is logged with the reason ``fold``; the client's own
+    message is whole, and every call's newest message too (the test above)."""
+    dialect = _dialect(session)
+    lines = session.proxy_lines
+    folds = [k for k, line in enumerate(lines) if "fold" in line["reasons"]]
+    assert folds, [line["reasons"] for line in lines if line["reasons"]]
+    assert {r for line in lines for r in line["reasons"]} <= {"trigger", "fold"}
+    assert all(line["compacted"] for k, line in enumerate(lines) if k in folds)
+    for k in folds:
+        theirs = dialect.messages_of(session.dumps[k]["body"])
+        ours = dialect.messages_of(redact_json(session.dialect_requests[k].body))
+        sent = [(i, text) for i, text in _results(dialect, ours)
+                if not dialect.is_synthetic(ours[i])]
+        cut = [(j, mine) for j, text in _results(dialect, theirs) if len(text) > 4_000
+               for i, mine in sent if i < len(ours) - 1
+               and len(mine) < len(text) // 2 and mine[:200] == text[:200]]
+        assert cut, f"request {k}: no tool output of the client's sent folded"
+        for j, mine in cut:  # the marker names the original text it cut (Codex: an item)
+            originals = [t for t in dialect.truncation_texts(theirs[j]) if len(t) > 1_000]
+            assert originals and all(handle_of(t) in mine and t not in mine
+                                     for t in originals)
 
 
 def test_watch_shows_the_session_and_its_compactions(session: CliRun) -> None:

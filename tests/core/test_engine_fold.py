@@ -144,3 +144,72 @@ def test_a_retry_of_the_compacting_call_after_the_fold_still_sends_the_output_wh
                                                  for m in retry.messages)
     again = engine.compact(msgs[:after])  # and the call after it is folded again, the same
     assert dumps(again.messages) == sent[after]
+
+
+#: the first item of every ``custom_tool_call_output`` of Codex CLI 0.171's ``exec`` tool
+CODEX_PREAMBLE = {"type": "input_text",
+                  "text": "Script completed\nWall time 0.1 seconds\nOutput:\n"}
+
+
+def codex_outputs(msgs: list[Any]) -> list[Any]:
+    """``msgs`` (openai_responses) with every tool output as Codex CLI 0.171 sends its
+    ``exec`` tool's (captured from the real CLI through the proxy): a list of content
+    items, a preamble and the command's output."""
+    return [{**m, "type": "custom_tool_call_output",
+             "output": [CODEX_PREAMBLE, {"type": "input_text", "text": m["output"]}]}
+            if m.get("type") == "function_call_output" else m for m in msgs]
+
+
+def test_a_codex_output_of_content_items_is_folded_and_expands_to_its_original() -> None:
+    """Codex CLI 0.171 sends tool outputs as lists of ``input_text`` items: the fold (and
+    the tail truncation that makes room for the strategy) cut the long item, name its
+    handle, and keep the preamble and the structure; the archive holds the original item
+    text under that handle (before, the dialect only cut string outputs: no fold in a
+    real Codex session)."""
+    archive = MemoryArchive()
+    engine = make("openai_responses", archive)
+    msgs = codex_outputs(build("openai_responses", PLAN))
+    big = max((m["output"][1]["text"] for m in msgs
+               if m.get("type") == "custom_tool_call_output"), key=len)
+    before = dumps(msgs)
+    reasons, sent = [], []
+    for c in call_points(msgs, engine.dialect):
+        result = engine.compact(msgs[:c])
+        reasons.append([e.reason for e in result.events])
+        sent.append(result.messages)
+    assert dumps(msgs) == before  # the input is never mutated
+    at = next(k for k, r in enumerate(reasons) if "trigger" in r)
+    assert reasons[at + 1] == ["fold"]
+    folded = [m for m in sent[at + 1] if m.get("type") == "custom_tool_call_output"
+              and m["output"][1]["text"] != big and big.startswith(m["output"][1]["text"][:50])]
+    (out,) = [m for m in folded if f"expand {handle_of(big)}" in m["output"][1]["text"]]
+    assert out["output"][0] == CODEX_PREAMBLE and len(out["output"]) == 2
+    assert len(out["output"][1]["text"]) < len(big) // 3
+    assert expand(archive, handle_of(big), 0, 100_000).text == big
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses"])
+def test_every_handle_truncate_names_is_of_a_text_truncation_texts_gives(dialect: str) -> None:
+    """What the archive holds for a message the engine may truncate is what the marker
+    names: each handle in ``truncate``'s output is the handle of one of the message's
+    ``truncation_texts`` (lists of blocks and content items included)."""
+    engine = make(dialect)
+    d = engine.dialect
+    msgs = build(dialect, PLAN)
+    if dialect == "openai_responses":
+        msgs += codex_outputs(msgs)
+    if dialect == "anthropic":  # a tool result of two text blocks
+        msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                     "content": [{"type": "text", "text": "a" * 3000},
+                                 {"type": "text", "text": "b" * 3000}]}]})
+    handles = re.compile(r"expand (\S+?)[\]\s·]")
+    named = 0
+    for m in msgs:
+        cut = d.truncate(m, 500)
+        if cut is m:
+            continue
+        found = set(handles.findall(json.loads(json.dumps(cut)).__repr__()))
+        assert found, m
+        assert found <= {handle_of(t) for t in d.truncation_texts(m)}
+        named += len(found)
+    assert named >= 2
