@@ -97,8 +97,8 @@ def _block_texts(block: Any) -> list[str]:
         content = block.get("content", "")
         if isinstance(content, str):
             return [content]
-        return [t for b in content if isinstance(content, list) for t in _block_texts(b)] \
-            if isinstance(content, list) else []
+        if isinstance(content, list):
+            return [t for b in content for t in _block_texts(b)]
     return []
 
 
