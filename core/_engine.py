@@ -420,6 +420,9 @@ class Engine:
         self._warned_fixed = False
         self._min_budget = _min_budget(self._strategy)
         self._plugins_key: tuple[Any, ...] | None = None
+        #: the pin hook's answer for each message asked about, by identity (with the
+        #: message and its index: :meth:`_pins`), for the plugin set of ``_plugins_key``
+        self._pin_memo: dict[int, tuple[Any, int, bool]] = {}
         self._shaping_hooks = tuple(getattr(self._pm.hook, name) for name in _FINGERPRINT_HOOKS)
         self._should_compact_hook = self._pm.hook.agentcompact_should_compact
         self._seed = ""
@@ -467,6 +470,7 @@ class Engine:
         if not force and key == self._plugins_key:
             return
         self._plugins_key = key
+        self._pin_memo = {}
         seed = xxhash.xxh3_128_hexdigest(
             f"{self.fingerprint()}\x00{self._episode_id or ''}".encode("utf-8", "surrogatepass"))
         if seed != self._seed:
@@ -930,16 +934,29 @@ class Engine:
         return hi
 
     def _pins(self, view: _View, head_len: int, end: int) -> tuple[int, ...]:
-        """Indices in ``[head_len, end)`` a plugin pins (``agentcompact_pin``)."""
+        """Indices in ``[head_len, end)`` a plugin pins (``agentcompact_pin``). The hook is
+        asked once per message and index (its answer is a function of the message, its
+        index and the dialect, as the store keys already assume: a stored compaction is
+        reused without asking again); answers are remembered for the plugin set they came
+        from, so a compaction does not call every plugin on every message of the history."""
         hook = self._pm.hook.agentcompact_pin
         if not hook.get_hookimpls():
             return ()
+        memo = self._pin_memo
+        if len(memo) > _PIN_MEMO_MAX:
+            memo.clear()
+        dialect = self._dialect
         out = []
         for i in range(head_len, end):
             message = view.messages[i]
-            if self._dialect.is_synthetic(message):
-                continue
-            if any(r is True for r in hook(message=message, index=i, dialect=self._dialect)):
+            found = memo.get(id(message))
+            if found is not None and found[0] is message and found[1] == i:
+                pinned = found[2]
+            else:
+                pinned = not dialect.is_synthetic(message) and any(
+                    r is True for r in hook(message=message, index=i, dialect=dialect))
+                memo[id(message)] = (message, i, pinned)
+            if pinned:
                 out.append(i)
         return tuple(out)
 
@@ -1308,6 +1325,8 @@ def _prefix_sums(prefix: list[int], tokens: list[int], t: int) -> list[int]:
     del out[t + 1]  # accumulate repeats its initial value
     return out
 
+
+_PIN_MEMO_MAX = 200_000  # pin answers remembered (more: forgotten, asked again)
 
 _SUMMARY_OVERHEAD = 32  # tokens of a summary message besides its output (header, framing)
 

@@ -93,7 +93,9 @@ def agentcompact_pin(message: Any, index: int, dialect: Dialect) -> bool | None:
     a compaction message missing a pinned message's text is rejected and the engine falls
     back (cliff, then a plain safe cut holding the pinned text); a pinned message among
     the kept turns is never truncated. Use it for safety rules, the task statement, or a
-    tool's output that must survive.
+    tool's output that must survive. The answer must depend on the message, its index and
+    the dialect only: the engine asks once per message and index and remembers it while
+    the plugin set is unchanged.
 
     :param message: the native message.
     :param index: its index in the original history.

@@ -287,3 +287,42 @@ def test_the_engine_hands_the_strategy_its_pins() -> None:
         rendered, before = CliffStrategy(archive=False).compact(req), len(asked)
         assert same(rendered, CliffStrategy(archive=False).compact(asking))
         assert len(asked) > before  # without ``pins``, the hook is asked
+
+
+def test_the_engine_asks_the_pin_hook_once_per_message() -> None:
+    """The engine remembers each message's pin answer (by identity and index): a history
+    that grew asks the hook about its new messages only, the same pins as asking every
+    message afresh (``_pins`` of an engine with an empty memo); a plugin registered later
+    is asked about every message again (the memo belongs to a plugin set)."""
+    pm = new_plugin_manager()
+    asked: list[int] = []
+
+    class Pin:
+        @hookimpl
+        def agentcompact_pin(self, message: Any, index: int, dialect: Any) -> bool:
+            asked.append(index)
+            return index % 5 == 3
+
+    pm.register(Pin())
+    msgs = build("openai_chat", [(300, [1500, 900], 60), (2500, [3000], 0)] * 6)
+    engine = Engine("cliff", "openai_chat", Budget(8000, 6000), plugins=pm)
+    compactions = 0
+    for c in range(2, len(msgs) + 1):
+        compactions += engine.compact(msgs[:c]).compacted
+    assert compactions >= 2
+    assert len(asked) == len(set(asked))  # never about one message twice
+    view = engine._view(msgs)
+    fresh = Engine("cliff", "openai_chat", Budget(8000, 6000), plugins=pm)
+    assert engine._pins(view, 1, len(msgs)) == fresh._pins(fresh._view(msgs), 1, len(msgs))
+
+    later: list[int] = []
+
+    class Late:
+        @hookimpl
+        def agentcompact_pin(self, message: Any, index: int, dialect: Any) -> bool:
+            later.append(index)
+            return index == 4
+
+    pm.register(Late())
+    pins = engine._pins(engine._view(msgs), 1, len(msgs))
+    assert 4 in pins and later  # the new plugin set is asked
