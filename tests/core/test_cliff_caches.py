@@ -251,20 +251,25 @@ def test_a_scan_built_on_is_the_scan_of_the_whole_history(msgs: list[Any], data:
             _Scan.of(dialect, history, _TextCache()))
 
 
+class Pin:
+    """Pins every fifth message (index 3, 8, ...) and notes each index it is asked about."""
+
+    def __init__(self, asked: list[int]) -> None:
+        self.asked = asked
+
+    @hookimpl
+    def agentcompact_pin(self, message: Any, index: int, dialect: Any) -> bool:
+        self.asked.append(index)
+        return index % 5 == 3
+
+
 def test_the_engine_hands_the_strategy_its_pins() -> None:
     """``CompactionRequest.pins``: the engine fills it from its plan (every message the
     hook pins, synthetic ones aside), ``pinned()`` answers from it without asking the
     hook again, and a request without it asks the hook: the same rendering."""
     pm = new_plugin_manager()
     asked: list[int] = []
-
-    class Pin:
-        @hookimpl
-        def agentcompact_pin(self, message: Any, index: int, dialect: Any) -> bool:
-            asked.append(index)
-            return index % 5 == 3
-
-    pm.register(Pin())
+    pm.register(Pin(asked))
     seen: list[CompactionRequest] = []
 
     class Recording(CliffStrategy):
@@ -296,14 +301,7 @@ def test_the_engine_asks_the_pin_hook_once_per_message() -> None:
     is asked about every message again (the memo belongs to a plugin set)."""
     pm = new_plugin_manager()
     asked: list[int] = []
-
-    class Pin:
-        @hookimpl
-        def agentcompact_pin(self, message: Any, index: int, dialect: Any) -> bool:
-            asked.append(index)
-            return index % 5 == 3
-
-    pm.register(Pin())
+    pm.register(Pin(asked))
     msgs = build("openai_chat", [(300, [1500, 900], 60), (2500, [3000], 0)] * 6)
     engine = Engine("cliff", "openai_chat", Budget(8000, 6000), plugins=pm)
     compactions = 0
