@@ -12,7 +12,7 @@ _COMMON = dict(deadline=None, database=None, derandomize=False,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                       HealthCheck.filter_too_much])
 settings.register_profile("default", max_examples=int(os.environ.get(
-    "AGENTCOMPACT_FUZZ_EXAMPLES", "150")), **_COMMON)  # type: ignore[arg-type]
+    "AGENTCOMPACT_FUZZ_EXAMPLES", "300")), **_COMMON)  # type: ignore[arg-type]
 settings.register_profile("soak", max_examples=int(os.environ.get(
     "AGENTCOMPACT_FUZZ_EXAMPLES", "3000")), **_COMMON)  # type: ignore[arg-type]
 PROFILE = os.environ.get("AGENTCOMPACT_FUZZ_PROFILE", "default")
