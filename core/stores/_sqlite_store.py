@@ -12,6 +12,9 @@ kept. The file, its ``-wal`` and ``-shm`` are created 0600, a folder made for it
 The file is opened on first use, not in the constructor: a file that cannot be created
 or opened (a read-only folder, a full disk) makes each call raise one of ``errors``, which
 the stores built on it turn into fail-open (``SharedPrefixStore``, ``SharedArchive``).
+Two connections opening a new file at once can each be refused its switch to WAL (SQLite
+answers ``database is locked`` at once there, without its busy wait): the opening is
+retried until ``timeout``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,6 +70,21 @@ class SQLiteBackend:
         return self._conn
 
     def _open(self) -> sqlite3.Connection:
+        deadline = time.monotonic() + self.timeout
+        delay = 0.002
+        while True:
+            try:
+                return self._open_once()
+            except sqlite3.OperationalError as exc:
+                # SQLite refuses a lock it sees would deadlock without calling the busy
+                # handler (two connections switching one new file to WAL): wait and retry
+                busy = exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if not busy or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _open_once(self) -> sqlite3.Connection:
         if not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
         # created 0600 before SQLite opens it: SQLite gives -wal and -shm the same mode

@@ -156,6 +156,30 @@ def test_sqlite_locked_by_another_process_is_fail_open(
     assert store_from_url(f"sqlite:///{path}").get("during2") == ENTRY
 
 
+def test_sqlite_first_open_waits_for_another_connections_write(tmp_path: Path) -> None:
+    """Switching a file to WAL while another connection is writing to it: SQLite answers
+    ``database is locked`` at once, without its busy wait (two processes opening one new
+    store file at once hit this: a CI run of the concurrent-writers test); the opening
+    waits and retries."""
+    import threading
+
+    path = tmp_path / "p.db"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE other (x)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO other VALUES (1)")
+    done = threading.Timer(0.2, lambda: writer.execute("COMMIT"))
+    done.start()
+    try:
+        backend = SQLiteBackend(path, timeout=5.0)
+        backend.save("k", b"entry")  # raised OperationalError before
+        assert backend.load("k") == b"entry"
+    finally:
+        done.join()
+        writer.close()
+    backend.close()
+
+
 def test_redis_down_and_back(redis_server: RedisServer, redis_url: str) -> None:
     store = store_from_url(redis_url + "?retry_after=0")
     other = store_from_url(redis_url)
