@@ -25,7 +25,9 @@ not pay. It times the counter and the strategy from inside (a few timer reads pe
 its totals run slightly over the plain run's. ``--counter chars`` runs our engine with
 chars/4 counting, as CliffCompaction counts: the two engines' own work side by side, the
 exact tokenizer's share left out (and its guarantee: the peak and over columns still
-measure real o200k tokens).
+measure real o200k tokens). ``--set NAME=JSON`` (repeatable) runs our engine with a cliff
+strategy setting changed, to see what one feature costs next to CliffCompaction's time in
+the same run (``--set carry_forward_calls=false``; outputs differ from the default's).
 
 Run:  TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/core_vs_cliffcompaction.py
 """
@@ -33,6 +35,7 @@ Run:  TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/core_vs_cliff
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -44,7 +47,7 @@ from cliffcompaction import dialects as cc_dialects
 from cliffcompaction.config import Config
 from cliffcompaction.engine import Engine as CliffEngine
 
-from agentcompact import Budget, Engine, ValidationError, get_dialect, validate
+from agentcompact import Budget, Engine, StrategySettings, ValidationError, get_dialect, validate
 from agentcompact._cachecost import CacheCost
 from agentcompact._tokens import MessageMeter, TiktokenCounter
 from agentcompact.trajectory import load
@@ -111,10 +114,11 @@ def call_points(messages: list[Any], dialect: Any) -> list[int]:
 
 def run_session(messages: list[Any], dialect_name: str, trigger: int, mode: str,
                 meter: MessageMeter, clock: Any = time.perf_counter,
-                breakdown: Breakdown | None = None, counter: str = "tiktoken"
-                ) -> tuple[Side, Side]:
+                breakdown: Breakdown | None = None, counter: str = "tiktoken",
+                settings: dict[str, Any] | None = None) -> tuple[Side, Side]:
     dialect = get_dialect(dialect_name)
-    ours = Engine(strategy="cliff", dialect=dialect_name, budget=Budget(trigger_tokens=trigger),
+    strategy = StrategySettings("cliff", options=settings) if settings else "cliff"
+    ours = Engine(strategy=strategy, dialect=dialect_name, budget=Budget(trigger_tokens=trigger),
                   counter=counter)
     if breakdown is not None:
         breakdown.watch(ours)
@@ -158,14 +162,19 @@ def main() -> None:
                         help="our engine's counter (default tiktoken, exact o200k; 'chars' "
                              "counts chars/4 as CliffCompaction does). Outputs are measured "
                              "in o200k tokens either way")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
+                        help="a cliff strategy setting of our engine (repeatable)")
     args = parser.parse_args()
+    settings = {name: json.loads(value) for name, value in
+                (item.split("=", 1) for item in args.set)}
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     if not DATA.is_dir():
         raise SystemExit(f"shared data absent: {DATA}")
     counter = TiktokenCounter()
     sets = [("claude-code", CLAUDE, 60_000), ("mini-swe-agent", MINI, 30_000)]
     modes = ["objects", "json"] if args.mode == "both" else [args.mode]
-    print(f"clock: {args.clock}; our counter: {args.counter}")
+    print(f"clock: {args.clock}; our counter: {args.counter}"
+          + (f"; cliff settings: {settings}" if settings else ""))
     print(f"{'set':15} {'mode':7} {'calls':>6} {'ms/call ours':>12} {'ms/call cliff':>13} "
           f"{'time ratio':>10} {'peak ours':>9} {'peak cliff':>10} {'trigger':>7} "
           f"{'cost ratio':>10} {'invalid o/c':>11} {'over o/c':>8}")
@@ -181,7 +190,7 @@ def main() -> None:
                     meter = meters.setdefault(traj.dialect, MessageMeter(
                         counter, get_dialect(traj.dialect)))
                     a, b = run_session(traj.messages, traj.dialect, trigger, mode, meter, clock,
-                                       split, args.counter)
+                                       split, args.counter, settings)
                     for k, side in enumerate((a, b)):
                         sides[k].times += side.times
                         sides[k].invalid += side.invalid
