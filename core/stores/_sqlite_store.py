@@ -30,6 +30,18 @@ from ._shared import ArchiveRow
 
 __all__ = ["SQLiteBackend"]
 
+_BUSY, _LOCKED = 5, 6  # SQLite's primary result codes SQLITE_BUSY, SQLITE_LOCKED
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` is SQLite's "database is locked" (``SQLITE_BUSY``/``SQLITE_LOCKED``
+    or an extended code of either, such as ``SQLITE_BUSY_SNAPSHOT``). Python 3.10 has no
+    ``sqlite_errorcode``: there the error's text tells, which is SQLite's for the code."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return str(exc) in ("database is locked", "database table is locked")
+    return code & 0xFF in (_BUSY, _LOCKED)
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS prefix_entries (
     key TEXT PRIMARY KEY, seq INTEGER NOT NULL, data BLOB NOT NULL);
@@ -78,8 +90,7 @@ class SQLiteBackend:
             except sqlite3.OperationalError as exc:
                 # SQLite refuses a lock it sees would deadlock without calling the busy
                 # handler (two connections switching one new file to WAL): wait and retry
-                busy = exc.sqlite_errorcode in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-                if not busy or time.monotonic() + delay > deadline:
+                if not _busy(exc) or time.monotonic() + delay > deadline:
                     raise
             time.sleep(delay)
             delay = min(delay * 2, 0.1)

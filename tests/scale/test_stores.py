@@ -8,6 +8,7 @@ import logging
 import os
 import sqlite3
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from agentcompact import Budget, Engine, PrefixEntry
 from agentcompact.errors import StoreError
 from agentcompact.stores import SharedPrefixStore, store_from_url
-from agentcompact.stores._sqlite_store import SQLiteBackend
+from agentcompact.stores._sqlite_store import SQLiteBackend, _busy
 from tests.integrations.proxy.histories import chat_history
 
 from .conftest import RedisServer
@@ -161,8 +162,6 @@ def test_sqlite_first_open_waits_for_another_connections_write(tmp_path: Path) -
     ``database is locked`` at once, without its busy wait (two processes opening one new
     store file at once hit this: a CI run of the concurrent-writers test); the opening
     waits and retries."""
-    import threading
-
     path = tmp_path / "p.db"
     writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     writer.execute("CREATE TABLE other (x)")
@@ -178,6 +177,30 @@ def test_sqlite_first_open_waits_for_another_connections_write(tmp_path: Path) -
         done.join()
         writer.close()
     backend.close()
+
+
+def test_sqlite_busy_errors_are_told_from_other_operational_errors(tmp_path: Path) -> None:
+    """The opening retries "database is locked" only: SQLite's busy and locked codes,
+    their extended codes, and on Python 3.10 (no ``sqlite_errorcode``) SQLite's text."""
+    path = tmp_path / "b.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError) as locked:
+        other.execute("SELECT * FROM t")
+    holder.execute("COMMIT")
+    with pytest.raises(sqlite3.OperationalError) as missing:
+        other.execute("SELECT * FROM absent")
+    holder.close()
+    other.close()
+    assert _busy(locked.value)
+    assert not _busy(missing.value)
+    extended = sqlite3.OperationalError("database is locked")
+    extended.sqlite_errorcode = 517  # SQLITE_BUSY_SNAPSHOT
+    assert _busy(extended)
+    assert _busy(sqlite3.OperationalError("database is locked"))  # 3.10: no code
+    assert not _busy(sqlite3.OperationalError("disk I/O error"))
 
 
 def test_redis_down_and_back(redis_server: RedisServer, redis_url: str) -> None:
@@ -285,8 +308,6 @@ def test_proxy_store_flag_and_environment(tmp_path: Path) -> None:
 def test_concurrent_writers_leave_whole_entries(open_store: StoreFactory) -> None:
     """Two writers (own connections, as two processes) each put their own entry under the
     same 150 keys at once: every entry read back is whole, one of the two written."""
-    import threading
-
     writers = [open_store(), open_store()]
     entries = {w: PrefixEntry(1, 4, {"role": "user", "content": f"writer {w} " * 200}, 9,
                               "cliff") for w in range(2)}
