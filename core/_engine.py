@@ -796,6 +796,7 @@ class Engine:
         scan_from = prev_cut if state.entry else head_len
         candidates = known + tuple(i for i in range(scan_from, options[-1])
                                    if self._kept_type(msgs[i]))
+        candidates = self._with_partners(msgs, candidates, head_len, c)
         foldable = self._foldable(view, turn_starts[-1], c, pins)
         k = first
         while True:
@@ -850,6 +851,31 @@ class Engine:
             overrides=tuple(sorted(overrides.items())), reason=reason, level=level,
             before=state.tokens_at(view, c), folds=folds,
         )
+
+    def _with_partners(self, msgs: Sequence[Any], kept: tuple[int, ...], lo: int, hi: int
+                       ) -> tuple[int, ...]:
+        """``kept`` and, among ``msgs[lo:hi]``, every message that answers a tool call of a
+        kept one or issues a call a kept one answers (and theirs, in turn): a message kept
+        verbatim (an opaque one, with a block type no dialect models, may issue calls) keeps
+        its calls paired, where rendering its partner into compaction text would leave a
+        call without its result, or a result without its call."""
+        dialect = self._dialect
+        calls, results = dialect.tool_call_ids, dialect.tool_result_ids
+        todo = [i for i in kept if calls(msgs[i]) or results(msgs[i])]
+        if not todo:
+            return kept
+        out = set(kept)
+        while todo:
+            i = todo.pop()
+            issued, answered = set(calls(msgs[i])), set(results(msgs[i]))
+            for j in range(lo, hi):
+                if j in out:
+                    continue
+                if (j > i and issued.intersection(results(msgs[j]))) or (
+                        j < i and answered.intersection(calls(msgs[j]))):
+                    out.add(j)
+                    todo.append(j)
+        return tuple(sorted(out))
 
     def _foldable(self, view: _View, start: int, c: int, pins: Sequence[int]) -> list[int]:
         """The tool outputs of the newest turn ``[start, c)`` the fold would truncate once

@@ -58,8 +58,10 @@ def validate(messages: Sequence[Any], dialect: Dialect, *, allow_pending: bool =
 
     Checks each message's shape, the dialect's role order, and tool pairing: every tool
     result answers a call issued earlier and not yet answered (no orphan), and every call
-    is answered before the model speaks again (and before the end, unless
-    ``allow_pending``: an agent state may end with calls not yet run).
+    is answered before the model speaks again, before any message that answers none of
+    the calls waiting (a user text or an instruction between a call and its result), and
+    before the end, unless ``allow_pending``: an agent state may end with calls not yet
+    run, but nothing else may follow them.
     """
     found = problems(messages, dialect, allow_pending=allow_pending, first=True)
     if found:
@@ -99,12 +101,16 @@ def problems(messages: Sequence[Any], dialect: Dialect, *, allow_pending: bool =
     previous_model = False
     for i, message in enumerate(messages):
         model = dialect.is_model_output(message)
-        if model and not previous_model and pending:
+        answers = dialect.tool_result_ids(message)
+        if pending and ((model and not previous_model) or (
+                not model and not any(ref in pending for ref in answers))):
+            # the next model turn, or a message that answers none of the calls (a user
+            # text between a call and its result): every provider wants the results first
             out += _unanswered(pending, messages, dialect, i)
             if first:
                 return out[:1]
             pending.clear()
-        for ref in dialect.tool_result_ids(message):
+        for ref in answers:
             if ref not in pending:
                 out.append((("orphan", ref, id(message)), ValidationError(
                     f"{dialect.name}: message {i} answers tool call {ref!r}, which no "

@@ -19,6 +19,7 @@ from agentcompact import (
     InMemoryPrefixStore,
     OverBudgetError,
     PluginError,
+    ValidationError,
     hookimpl,
     new_plugin_manager,
     validate,
@@ -340,6 +341,53 @@ def test_opaque_items_are_kept_and_counted_by_their_json() -> None:
     assert e.count([blob]) > 1000  # its real size, not a placeholder
     r = e.compact(msgs)
     assert r.compacted and any(m is blob for m in r.messages)
+
+
+def test_a_kept_message_keeps_its_tool_calls_paired() -> None:
+    """An opaque message (a block no dialect models) kept verbatim in the span that
+    issues a tool call: its result is kept with it. Rendering the result into the
+    compaction text left the kept call unanswered before the compaction message, which
+    passed as "pending" and was stored; the next call sent it (Anthropic refuses it)."""
+    msgs = build("anthropic", PLAN)
+    server = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_kept", "name": "bash", "input": {"cmd": "ls"}},
+        {"type": "x_future_block", "payload": {"note": "not modelled"}}]}
+    answer = {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_kept", "content": "src tests"}]}
+    at = next(i for i in range(4, len(msgs)) if msgs[i]["role"] == "assistant")
+    msgs[at:at] = [server, answer]
+    events = Events()
+    e = Engine("cliff", "anthropic", Budget(3000), plugins=pm_with(events))
+    validate(msgs, e.dialect)
+    r = e.compact(msgs)
+    assert r.compacted and any(m is server for m in r.messages)
+    assert any(m is answer for m in r.messages)
+    assert events.seen and all(ev.error is None for ev in events.seen)
+    validate(r.messages, e.dialect, allow_pending=True)
+    after = msgs + [{"role": "assistant", "content": [{"type": "text", "text": "done"}]}]
+    validate(e.compact(after).messages, e.dialect, allow_pending=True)  # the stored prefix
+
+
+@pytest.mark.parametrize("dialect", ["openai_chat", "anthropic"])
+def test_a_call_followed_by_a_message_that_does_not_answer_it_is_refused(dialect: str
+                                                                         ) -> None:
+    """``allow_pending`` lets a history end with calls not yet run, never have a message
+    after them that answers none (both providers want the results first)."""
+    if dialect == "anthropic":
+        call: dict[str, Any] = {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {}}]}
+        text: dict[str, Any] = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    else:
+        call = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "bash",
+                                                              "arguments": "{}"}}]}
+        text = {"role": "user", "content": "hi"}
+    task = {"role": "user", "content": "Fix it."}
+    d = Engine("cliff", dialect, Budget(3000)).dialect
+    validate([task, call], d, allow_pending=True)
+    with pytest.raises(ValidationError, match=r"issued by message 1 has no result before "
+                                              r"message 2"):
+        validate([task, call, text], d, allow_pending=True)
 
 
 def test_default_target_accounts_for_the_fixed_part() -> None:
