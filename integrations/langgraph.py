@@ -93,6 +93,9 @@ _CHAT_ROLES = {"human": "user", "ai": "assistant", "model": "assistant"}
 _IMAGE_BLOCKS = frozenset({"image_url", "image", "file", "audio", "input_audio", "video"})
 _CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call", "server_tool_use"})
 _VOLATILE = frozenset({"cache_control", "id"})
+#: content block types the dialect reads (any other makes the message opaque: sent verbatim)
+_KNOWN_BLOCKS = frozenset({"text", "thinking", "redacted_thinking", "reasoning",
+                           *_IMAGE_BLOCKS, *_CALL_BLOCKS})
 
 
 # --------------------------------------------------------------------------- the dialect
@@ -210,6 +213,16 @@ class LangChainDialect(Dialect):
             args = orjson.dumps(call.get("args") or {}, default=str).decode()
             parts.append(Part("tool_call", args, str(call.get("name", "")), str(call.get("id"))))
         return parts
+
+    def is_opaque(self, message: Any) -> bool:
+        """A message whose content holds a block this dialect does not model (a provider's
+        server-tool result, a ``non_standard`` block, anything newer): the engine keeps it
+        verbatim, never rendered into compaction text (which would lose the block)."""
+        content = getattr(message, "content", None)
+        if not isinstance(content, list):
+            return False
+        return any(not isinstance(b, str) and not (
+            isinstance(b, Mapping) and b.get("type") in _KNOWN_BLOCKS) for b in content)
 
     def digest(self, message: Any) -> str:
         content = getattr(message, "content", "")

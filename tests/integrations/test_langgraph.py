@@ -157,6 +157,30 @@ def test_dialect_truncate_copies_and_text_message_is_synthetic() -> None:
     assert message.id == LC.text_message(COMPACTION_HEADER + "\nbody").id
 
 
+def test_a_message_with_an_unknown_content_block_is_sent_verbatim() -> None:
+    """A content block the dialect does not read (a provider's server-tool result, a
+    ``non_standard`` block) makes its message opaque: kept as it is, never rendered into
+    compaction text, which dropped the block."""
+    unknown = AIMessage(content=[{"type": "text", "text": "searched"},
+                                 {"type": "non_standard", "value": {"kind": "citation"}}],
+                        id="keep-me")
+    known = AIMessage(content=[{"type": "reasoning", "reasoning": "hmm"},
+                               {"type": "text", "text": "ok"}, "plain"])
+    assert LC.is_opaque(unknown) and LC.is_kept(unknown)
+    assert not LC.is_opaque(known) and not LC.is_opaque(AIMessage(content="text"))
+    history: list[AnyMessage] = [SystemMessage("sys"), HumanMessage("task")]
+    for i in range(12):
+        history.append(AIMessage("", tool_calls=[{"name": "read_file", "args": {"path": str(i)},
+                                                  "id": f"c{i}"}]))
+        history.append(ToolMessage(filler_text(400), tool_call_id=f"c{i}"))
+        if i == 2:
+            history.append(unknown)
+    engine = Engine("cliff", LC, Budget(trigger_tokens=1500))
+    result = engine.compact(history)
+    assert result.compacted and any(m is unknown for m in result.messages)
+    validate(result.messages, LC, allow_pending=True)
+
+
 def test_node_passes_kept_messages_by_reference() -> None:
     history: list[AnyMessage] = [SystemMessage("sys"), HumanMessage("task")]
     for i in range(12):
