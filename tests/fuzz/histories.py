@@ -5,7 +5,11 @@ into each dialect's native messages, with the shapes that broke the engine befor
 thinking inside tool loops (on the first step only, or on every step), parallel calls,
 duplicate and orphan ids, images, empty and non-string content, results larger than the
 budget, lone surrogates and JSON nested deeper than 255 levels, instructions in the
-middle of a conversation, pinned text.
+middle of a conversation, pinned text; and shapes the code does not model or models
+rarely (``extra``): a block, part or item type of no known kind, carrying ``UNMODELLED``
+(the invariants require it sent verbatim), and per dialect the rare known ones real agents
+send (redacted thinking and server tool use; Codex's custom and local shell calls; a
+DeepSeek ``reasoning_content``; LangChain content blocks).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from hypothesis import strategies as st
 
 PIN = "PIN-RULE"
 SECRET = "sk-SECRET-canary"
+UNMODELLED = "UNMODELLED-canary"
 
 WORDS = st.sampled_from(["alpha", "beta", "make", "test", "src/app.py", "error", "0x1f",
                          "ok", "def", "return", "42", "\u00e9t\u00e9", "\u4e2d\u6587", SECRET])
@@ -33,6 +38,7 @@ class Turn:
     image: bool = False
     instruction: str | None = None
     odd: str | None = None  # "surrogate" | "deep" | "empty" | "list"
+    extra: str | None = None  # "unknown" (UNMODELLED) | "rare"
 
 
 @dataclass
@@ -71,10 +77,11 @@ def plans(draw: Any, max_turns: int = 7) -> Plan:
                 human = f"{PIN}-{k}: never push to main."
         odd = draw(st.sampled_from([None] * 12 + ["surrogate", "deep", "empty", "list"]))
         instruction = f"Instruction {k}: be brief." if draw(st.integers(0, 12)) == 0 else None
+        extra = draw(st.sampled_from([None] * 8 + ["unknown", "rare"]))
         plan.turns.append(Turn(thinking=draw(st.booleans()) or k == 0, text=_text(draw, 0, 200),
                                calls=calls, results=results, human=human,
                                image=draw(st.integers(0, 15)) == 0, instruction=instruction,
-                               odd=odd))
+                               odd=odd, extra=extra))
     return plan
 
 
@@ -105,6 +112,8 @@ def openai_chat(plan: Plan) -> list[Any]:
                 "name": "bash", "arguments": json.dumps({"cmd": ref})}} for ref in turn.calls]
         elif not turn.text:
             msg["content"] = "" if turn.odd == "empty" else "thinking aloud"
+        if turn.extra == "rare":  # DeepSeek's and vLLM's reasoning field
+            msg["reasoning_content"] = "Reasoning about " + turn.text[:40]
         msgs.append(msg)
         for ref, out in turn.results:
             content: Any = out
@@ -117,6 +126,10 @@ def openai_chat(plan: Plan) -> list[Any]:
                 content = [{"type": "text", "text": turn.human},
                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]
             msgs.append({"role": "user", "content": content})
+        if turn.extra == "unknown":
+            msgs.append({"role": "user", "content": [
+                {"type": "text", "text": "see attached"},
+                {"type": "x_future_part", "x_future_part": {"note": UNMODELLED}}]})
     return msgs
 
 
@@ -126,8 +139,17 @@ def anthropic(plan: Plan) -> list[Any]:
         blocks: list[Any] = []
         if turn.thinking and (plan.interleaved or k == 0 or msgs[-1]["role"] == "user"
                               and _genuine(msgs[-1])):
-            blocks.append({"type": "thinking", "thinking": "Let me think. " + turn.text[:80],
-                           "signature": f"sig{k}"})
+            if turn.extra == "rare":
+                blocks.append({"type": "redacted_thinking", "data": f"EncRedacted{k}=="})
+            else:
+                blocks.append({"type": "thinking", "thinking": "Let me think. " + turn.text[:80],
+                               "signature": f"sig{k}"})
+        if turn.extra == "rare":  # a server tool: its call and result in one message
+            blocks.append({"type": "server_tool_use", "id": f"srvtoolu_{k}",
+                           "name": "web_search", "input": {"query": "pytest fixtures"}})
+            blocks.append({"type": "web_search_tool_result", "tool_use_id": f"srvtoolu_{k}",
+                           "content": [{"type": "web_search_result", "url": "https://e.x/",
+                                        "title": "Fixtures", "encrypted_content": "Eq=="}]})
         if turn.text:
             blocks.append({"type": "text", "text": _odd_text(turn, turn.text)})
         for ref in turn.calls:
@@ -147,6 +169,8 @@ def anthropic(plan: Plan) -> list[Any]:
             if turn.image:
                 content.append({"type": "image", "source": {
                     "type": "base64", "media_type": "image/png", "data": "AA"}})
+        if turn.extra == "unknown":
+            content.append({"type": "x_future_block", "payload": {"note": UNMODELLED}})
         msgs.append({"role": "user", "content": content or "continue"})
     return msgs
 
@@ -182,6 +206,17 @@ def openai_responses(plan: Plan) -> list[Any]:
                          "arguments": json.dumps({"cmd": ref})})
         for ref, out in turn.results:
             msgs.append({"type": "function_call_output", "call_id": ref, "output": out})
+        if turn.extra == "rare":  # Codex's apply_patch tool and local shell
+            msgs.append({"type": "custom_tool_call", "call_id": f"ct_{k}", "name": "apply_patch",
+                         "input": "*** Begin Patch\n*** End Patch"})
+            msgs.append({"type": "custom_tool_call_output", "call_id": f"ct_{k}",
+                         "output": "Done!"})
+            msgs.append({"type": "local_shell_call", "call_id": f"ls_{k}", "status": "completed",
+                         "action": {"type": "exec", "command": ["ls"], "env": {}}})
+            msgs.append({"type": "local_shell_call_output", "call_id": f"ls_{k}",
+                         "output": "src\ntests"})
+        elif turn.extra == "unknown":
+            msgs.append({"type": "x_future_item", "payload": {"note": UNMODELLED}})
         if turn.human is not None or not turn.calls:
             content: list[Any] = [{"type": "input_text", "text": turn.human or "go on"}]
             if turn.image:
@@ -200,8 +235,14 @@ def langchain(plan: Plan) -> list[Any]:
             msgs.append(SystemMessage(content=turn.instruction, id=f"s{k + 1}"))
         calls = [{"id": ref, "name": "bash", "args": {"cmd": ref}, "type": "tool_call"}
                  for ref in turn.calls]
-        msgs.append(AIMessage(content=_odd_text(turn, turn.text) if turn.odd == "surrogate"
-                              else turn.text, tool_calls=calls, id=f"a{k}"))
+        text: Any = _odd_text(turn, turn.text) if turn.odd == "surrogate" else turn.text
+        if turn.extra == "rare":  # content blocks, reasoning first
+            text = [{"type": "reasoning", "reasoning": "Plan " + turn.text[:40]},
+                    {"type": "text", "text": turn.text or "ok"}]
+        elif turn.extra == "unknown":
+            text = [{"type": "text", "text": turn.text or "ok"},
+                    {"type": "x_future_block", "payload": {"note": UNMODELLED}}]
+        msgs.append(AIMessage(content=text, tool_calls=calls, id=f"a{k}"))
         for j, (ref, out) in enumerate(turn.results):
             content: Any = out if turn.odd != "list" else [{"type": "text", "text": out}]
             msgs.append(ToolMessage(content=content, tool_call_id=ref, id=f"t{k}_{j}"))

@@ -6,7 +6,8 @@ checks every result: input never mutated; output valid for the provider (the dia
 rules, problems the input already had aside, plus the thinking-loop rule); within the
 limit, or flagged ``over_budget``, or a documented ``OverBudgetError`` in strict mode; the
 same output as an engine of the same settings alone (no cross-config reuse, determinism);
-every pinned text present; fed back in (rewrite mode), every earlier compaction message
+every pinned text present; every message holding a type the code does not model sent
+verbatim (the same object); fed back in (rewrite mode), every earlier compaction message
 carried verbatim; no canary secret in any error, event or log record.
 """
 
@@ -25,12 +26,13 @@ from agentcompact import (
     Engine,
     InMemoryPrefixStore,
     OverBudgetError,
+    StrategySettings,
     hookimpl,
     new_plugin_manager,
 )
 from agentcompact._turns import problems, split_turns, thinking_loop_error
 
-from .histories import PIN, SECRET
+from .histories import PIN, SECRET, UNMODELLED
 
 
 @dataclass
@@ -82,7 +84,9 @@ class Config:
     recent: int
     minimum: int
     strict: bool
-    strategy: str  # "cliff" or "naive" (a third-party strategy that ignores pins)
+    strategy: str  # "cliff", "summary", "parallel" or "naive" (a third-party strategy)
+    counter: str = "chars"  # or "tiktoken" (exact o200k, the default engines count with)
+    summarizer: str = ""  # base URL of the upstream simulator ("summary", "parallel")
 
 
 class Naive:
@@ -102,9 +106,13 @@ def make(dialect: str, config: Config, store: Any = None) -> tuple[Engine, _Plug
     plugin = _Plugin()
     pm = new_plugin_manager()
     pm.register(plugin)
-    strategy: Any = Naive() if config.strategy == "naive" else "cliff"
+    strategy: Any = Naive() if config.strategy == "naive" else config.strategy
+    if config.strategy in ("summary", "parallel"):
+        strategy = StrategySettings(config.strategy, options={
+            "base_url": config.summarizer, "model": "sim-summarizer", "api_key": SECRET,
+            "max_retries": 0})
     budget = Budget(config.trigger, min_recent_turns=config.minimum, recent_turns=config.recent)
-    engine = Engine(strategy, dialect_of(dialect), budget, counter="chars", plugins=pm,
+    engine = Engine(strategy, dialect_of(dialect), budget, counter=config.counter, plugins=pm,
                     store=store, strict=config.strict)
     return engine, plugin
 
@@ -171,6 +179,9 @@ def _call(engine: Engine, plugin: _Plugin, ctx: list[Any], tally: Tally, where: 
                     break
         if d.is_kept(ctx[i]) and not any(m is ctx[i] for m in out):
             tally.violations.append(f"{where}: kept message {i} ({d.role(ctx[i])}) lost")
+        if UNMODELLED in dump([ctx[i]]) and not any(m is ctx[i] for m in out):
+            tally.violations.append(f"{where}: message {i} with a type the code does not "
+                                    "model was not sent verbatim")
     for event in plugin.events:
         if SECRET in (event.error or "") or any(SECRET in e for e in event.errors):
             tally.violations.append(f"{where}: secret in an event error")

@@ -8,12 +8,15 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from agentcompact.testing import Script, UpstreamSim, digest_reply, serve
 
 from .conftest import PROFILE
 from .histories import RENDER, Plan, plans
@@ -22,21 +25,35 @@ from .invariants import Config, Tally, check_session, dump, make
 DIALECTS = ["openai_chat", "anthropic", "openai_responses", "langchain"]
 ROOT = Path(__file__).resolve().parents[2]
 
-configs = st.builds(
-    Config, trigger=st.sampled_from([1500, 3000, 6000, 20000]),
-    recent=st.integers(1, 3), minimum=st.integers(0, 1), strict=st.booleans(),
-    strategy=st.sampled_from(["cliff", "cliff", "naive"]),
-).filter(lambda c: c.minimum <= c.recent)
+
+def configs(summarizer: str) -> Any:
+    """Engine settings: the three built-in strategies (the LLM ones summarizing through
+    the loopback upstream simulator) and a third-party one, either counter."""
+    return st.builds(
+        Config, trigger=st.sampled_from([1500, 3000, 6000, 20000]),
+        recent=st.integers(1, 3), minimum=st.integers(0, 1), strict=st.booleans(),
+        strategy=st.sampled_from(["cliff", "cliff", "cliff", "naive", "summary", "parallel"]),
+        counter=st.sampled_from(["chars", "chars", "tiktoken"]), summarizer=st.just(summarizer),
+    ).filter(lambda c: c.minimum <= c.recent)
 
 
+@pytest.fixture(scope="module")
+def summarizer() -> Iterator[str]:
+    server = serve(UpstreamSim(Script(then=digest_reply))).start()
+    yield f"{server.base_url}/v1"
+    server.stop()
+
+
+@pytest.mark.network
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_fuzz_invariants(dialect: str) -> None:
+def test_fuzz_invariants(dialect: str, summarizer: str) -> None:
     if dialect == "langchain":
         pytest.importorskip("langchain_core")
     tally = Tally()
+    engines = configs(summarizer)
 
     @settings(settings.get_profile(PROFILE))
-    @given(plan=plans(), config=configs, other=configs)
+    @given(plan=plans(), config=engines, other=engines)
     def run(plan: Plan, config: Config, other: Config) -> None:
         before = len(tally.violations)
         check_session(dialect, RENDER[dialect](plan), config, other, tally)
