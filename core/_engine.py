@@ -864,15 +864,20 @@ class Engine:
         todo = [i for i in kept if calls(msgs[i]) or results(msgs[i])]
         if not todo:
             return kept
+        issued: dict[str, list[int]] = {}  # ref -> the messages of [lo, hi) issuing it
+        answered: dict[str, list[int]] = {}  # ref -> those answering it
+        for j in range(lo, hi):
+            for ref in calls(msgs[j]):
+                issued.setdefault(ref, []).append(j)
+            for ref in results(msgs[j]):
+                answered.setdefault(ref, []).append(j)
         out = set(kept)
         while todo:
             i = todo.pop()
-            issued, answered = set(calls(msgs[i])), set(results(msgs[i]))
-            for j in range(lo, hi):
-                if j in out:
-                    continue
-                if (j > i and issued.intersection(results(msgs[j]))) or (
-                        j < i and answered.intersection(calls(msgs[j]))):
+            partners = [j for ref in calls(msgs[i]) for j in answered.get(ref, ()) if j > i]
+            partners += [j for ref in results(msgs[i]) for j in issued.get(ref, ()) if j < i]
+            for j in partners:
+                if j not in out:
                     out.add(j)
                     todo.append(j)
         return tuple(sorted(out))

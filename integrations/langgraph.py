@@ -93,9 +93,6 @@ _CHAT_ROLES = {"human": "user", "ai": "assistant", "model": "assistant"}
 _IMAGE_BLOCKS = frozenset({"image_url", "image", "file", "audio", "input_audio", "video"})
 _CALL_BLOCKS = frozenset({"tool_use", "tool_call", "function_call", "server_tool_use"})
 _VOLATILE = frozenset({"cache_control", "id"})
-#: content block types the dialect reads (any other makes the message opaque: sent verbatim)
-_KNOWN_BLOCKS = frozenset({"text", "thinking", "redacted_thinking", "reasoning",
-                           *_IMAGE_BLOCKS, *_CALL_BLOCKS})
 
 
 # --------------------------------------------------------------------------- the dialect
@@ -221,8 +218,8 @@ class LangChainDialect(Dialect):
         content = getattr(message, "content", None)
         if not isinstance(content, list):
             return False
-        return any(not isinstance(b, str) and not (
-            isinstance(b, Mapping) and b.get("type") in _KNOWN_BLOCKS) for b in content)
+        return any(part is not None and part.kind == "other"  # what ``_block_part`` cannot read
+                   for part in map(_block_part, content))
 
     def digest(self, message: Any) -> str:
         content = getattr(message, "content", "")

@@ -20,6 +20,7 @@ from agentcompact import (
     OverBudgetError,
     PluginError,
     ValidationError,
+    get_dialect,
     hookimpl,
     new_plugin_manager,
     validate,
@@ -383,7 +384,7 @@ def test_a_call_followed_by_a_message_that_does_not_answer_it_is_refused(dialect
                                                               "arguments": "{}"}}]}
         text = {"role": "user", "content": "hi"}
     task = {"role": "user", "content": "Fix it."}
-    d = Engine("cliff", dialect, Budget(3000)).dialect
+    d = get_dialect(dialect)
     validate([task, call], d, allow_pending=True)
     with pytest.raises(ValidationError, match=r"issued by message 1 has no result before "
                                               r"message 2"):
