@@ -7,6 +7,7 @@ import pytest
 from agentcompact import get_dialect, new_plugin_manager
 from agentcompact._markers import COMPACTION_HEADER
 from agentcompact.dialects import AnthropicDialect, OpenAIChatDialect, OpenAIResponsesDialect
+from agentcompact.dialects import _anthropic
 from agentcompact.errors import ConfigError, DialectError
 
 from .histories import build
@@ -187,6 +188,18 @@ def test_anthropic_unknown_block_type_makes_the_message_opaque_and_counts_its_js
     known = {"role": "assistant", "content": [{"type": "text", "text": "x"},
                                               {"type": "redacted_thinking", "data": "abc"}]}
     assert not d.is_opaque(known) and "abc" not in d.counted_text(known)[0]
+
+
+@pytest.mark.parametrize("kind", sorted(_anthropic._KNOWN_BLOCKS))
+def test_anthropic_every_block_type_it_calls_known_has_a_reading(kind: str) -> None:
+    # is_opaque reads the set, parts() reads _block_part: a type added to the set without
+    # a reading would be rendered as its JSON instead of being kept verbatim
+    d = AnthropicDialect()
+    block = {"type": kind, "text": "t", "thinking": "t", "input": {}, "name": "n", "id": "i",
+             "tool_use_id": "i", "content": "c", "data": "d", "source": {}}
+    message = {"role": "assistant", "content": [block]}
+    assert not d.is_opaque(message)
+    assert [p.kind for p in d.parts(message)] != ["other"]
 
 
 def test_openai_chat_unknown_content_part_is_opaque_and_developer_an_instruction() -> None:
