@@ -6,8 +6,12 @@ import pytest
 
 from agentcompact import get_dialect, new_plugin_manager
 from agentcompact._markers import COMPACTION_HEADER
-from agentcompact.dialects import AnthropicDialect, OpenAIChatDialect, OpenAIResponsesDialect
-from agentcompact.dialects import _anthropic
+from agentcompact.dialects import (
+    AnthropicDialect,
+    OpenAIChatDialect,
+    OpenAIResponsesDialect,
+    _anthropic,
+)
 from agentcompact.errors import ConfigError, DialectError
 
 from .histories import build
