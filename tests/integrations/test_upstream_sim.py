@@ -295,13 +295,25 @@ def test_fault_header_applies_to_one_request(oai: openai.OpenAI) -> None:
 def test_dropped_stream_raises_in_the_client(sim: UpstreamSim, oai: openai.OpenAI,
                                              claude: anthropic.Anthropic) -> None:
     sim.script.push(Reply.filler(40).failing(Fault.drop(5)), Fault.drop(3))
-    # the SDKs ride different httpx majors; both surface the transport's own error
+    # the SDKs ride different httpx majors: openai raises the transport's own error,
+    # anthropic (2.17 on, over httpx2) its APIConnectionError caused by the transport's
     with pytest.raises(Exception, match="incomplete chunked read") as oai_error:
         list(chat(oai, stream=True))
     with pytest.raises(Exception, match="incomplete chunked read") as claude_error:
         list(messages(claude, stream=True))
-    assert "RemoteProtocolError" in type(oai_error.value).__name__
-    assert "RemoteProtocolError" in type(claude_error.value).__name__
+    assert "RemoteProtocolError" in _chain_names(oai_error.value)
+    assert "RemoteProtocolError" in _chain_names(claude_error.value)
+    if not isinstance(claude_error.value, anthropic.APIConnectionError):
+        assert "RemoteProtocolError" in type(claude_error.value).__name__
+
+
+def _chain_names(exc: BaseException | None) -> list[str]:
+    """The class names of ``exc`` and of the exceptions it was raised from, in order."""
+    names = []
+    while exc is not None:
+        names.append(type(exc).__name__)
+        exc = exc.__cause__
+    return names
 
 
 def test_delay_and_hang_hit_client_timeouts(sim: UpstreamSim, oai: openai.OpenAI) -> None:
