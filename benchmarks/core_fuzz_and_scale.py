@@ -23,23 +23,31 @@ def fuzz(examples: int) -> None:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
+    from agentcompact.testing import Script, UpstreamSim, digest_reply, serve
     from tests.fuzz.histories import RENDER, plans
     from tests.fuzz.invariants import Config, Tally, check_session
     from tests.fuzz.test_fuzz import configs
 
-    for dialect in ("openai_chat", "anthropic", "openai_responses", "langchain"):
-        tally = Tally()
+    # the summary and parallel strategies summarize through the loopback simulator, as in
+    # the suite (tests/fuzz/test_fuzz.py's ``summarizer`` fixture)
+    server = serve(UpstreamSim(Script(then=digest_reply))).start()
+    try:
+        engines = configs(f"{server.base_url}/v1")
+        for dialect in ("openai_chat", "anthropic", "openai_responses", "langchain"):
+            tally = Tally()
 
-        @settings(max_examples=examples, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(plan=plans(), config=configs, other=configs, name=st.just(dialect),
-               seen=st.just(tally))
-        def run(plan: Any, config: Config, other: Config, name: str, seen: Tally) -> None:
-            check_session(name, RENDER[name](plan), config, other, seen)
+            @settings(max_examples=examples, deadline=None, database=None,
+                      suppress_health_check=list(HealthCheck))
+            @given(plan=plans(), config=engines, other=engines, name=st.just(dialect),
+                   seen=st.just(tally))
+            def run(plan: Any, config: Config, other: Config, name: str, seen: Tally) -> None:
+                check_session(name, RENDER[name](plan), config, other, seen)
 
-        run()
-        print(f"fuzz {dialect:17s} histories {tally.histories:6d}  calls {tally.calls:7d}  "
-              f"violations {len(tally.violations)}")
+            run()
+            print(f"fuzz {dialect:17s} histories {tally.histories:6d}  calls "
+                  f"{tally.calls:7d}  violations {len(tally.violations)}")
+    finally:
+        server.stop()
 
 
 def scale() -> None:
