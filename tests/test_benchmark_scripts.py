@@ -1,0 +1,56 @@
+"""The scripts that measure issue #12's figures run end to end (small settings).
+
+The benchmarks are not imported by the package, so nothing else notices when a change
+elsewhere breaks one: ``core_fuzz_and_scale.py`` stopped before printing any figure for
+two sessions after the fuzz suite's engine settings became a function of the summarizer's
+URL. Each script is run as a user runs it, in a process of its own.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT, needs_shared_data
+
+pytestmark = pytest.mark.slow
+
+
+def run_script(name: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.network  # the LLM strategies summarize through the loopback simulator
+def test_core_fuzz_and_scale_prints_every_figure() -> None:
+    pytest.importorskip("starlette")
+    pytest.importorskip("openai")
+    pytest.importorskip("langchain_core")
+    out = run_script("core_fuzz_and_scale.py", "--examples", "3")
+    assert re.search(r"^1M-token history \([\d,]+ tokens, [\d,]+ messages\), one message added: "
+                     r"same objects [\d.]+ ms/call", out, re.M), out
+    for dialect in ("openai_chat", "anthropic", "openai_responses", "langchain"):
+        found = re.search(rf"^fuzz {dialect} +histories +(\d+) +calls +(\d+) +violations (\d+)$",
+                          out, re.M)
+        assert found, out
+        histories, calls, violations = map(int, found.groups())
+        assert histories == 3 and calls >= histories and violations == 0, found.group(0)
+
+
+@needs_shared_data("trajectories", "mini-swe-agent-pr816-deepseek")
+def test_core_vs_cliffcompaction_prints_both_sets() -> None:
+    pytest.importorskip("cliffcompaction")
+    out = run_script("core_vs_cliffcompaction.py", "--mode", "objects", "--clock", "cpu")
+    for name, calls in (("claude-code", 529), ("mini-swe-agent", 2117)):
+        row = re.search(rf"^{name} +objects +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) .* "
+                        r"(\d+)/(\d+) +(\d+)/(\d+) *$", out, re.M)
+        assert row, out
+        assert int(row.group(1)) == calls
+        assert float(row.group(4)) > 0  # the time ratio
+        assert row.group(5) == "0"  # none of our outputs is invalid
+        assert row.group(7) == "0"  # none of ours is over the trigger
