@@ -39,7 +39,7 @@ def test_core_fuzz_and_scale_prints_every_figure() -> None:
                           out, re.M)
         assert found, out
         histories, calls, violations = map(int, found.groups())
-        assert histories == 3 and calls >= histories and violations == 0, found.group(0)
+        assert 1 <= histories <= 3 and calls >= histories and violations == 0, found.group(0)
 
 
 @needs_shared_data("trajectories", "mini-swe-agent-pr816-deepseek")
