@@ -59,7 +59,7 @@ from agentcompact import (
 
 from ._hosts import Conversations, conversation_key, json_safe
 
-__all__ = ["CompactionCallback", "callback"]
+__all__ = ["CompactionCallback", "callback"]  # noqa: F822 - callback: built on first read
 
 log = logging.getLogger("agentcompact.litellm")
 
@@ -103,7 +103,7 @@ class _Sent:
     compacted: bool
 
 
-class CompactionCallback(CustomLogger):  # type: ignore[misc]  # LiteLLM ships no stubs
+class CompactionCallback(CustomLogger):
     """Compacts each request LiteLLM sends (see the module docstring).
 
     :param engine: an :class:`~agentcompact.Engine` whose settings every conversation's

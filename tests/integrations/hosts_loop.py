@@ -37,18 +37,26 @@ def _texts(value: Any) -> list[str]:
     return []
 
 
-def tool_loop(steps: int, tool: str = "read_file", arg: str = "path",
-              path: Callable[[int], str] = lambda i: f"step_{i}.txt") -> Callable[[Any], Reply]:
-    """A responder: the next ``read_file`` call, or the final answer after step ``steps``."""
+FINISH = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # how mini-swe-agent's agent ends
+
+
+def tool_loop(steps: int) -> Callable[[Any], Reply]:
+    """A responder: the next ``read_file(path="step_<i>.txt")`` call, or the final answer
+    after step ``steps``. Offered a ``bash`` tool (mini-swe-agent), it runs
+    ``cat step_<i>.txt`` instead, and ends with mini-swe-agent's submit command."""
 
     def answer(body: Any) -> Reply:
-        if not (body.get("tools") or body.get("functions")):
+        tools = _texts(body.get("tools") or body.get("functions") or [])
+        if not tools:
             return Reply("no tools offered")
         done = [int(m.group(1)) for t in _texts(_history(body)) for m in STEP.finditer(t)]
         n = max(done) + 1 if done else 1
+        bash = "bash" in tools
         if n > steps:
-            return Reply(DONE)
-        return Reply.calling(ToolCall(tool, {arg: path(n)}))
+            return Reply.calling(ToolCall("bash", {"command": FINISH})) if bash else Reply(DONE)
+        if bash:
+            return Reply.calling(ToolCall("bash", {"command": f"cat step_{n}.txt"}))
+        return Reply.calling(ToolCall("read_file", {"path": f"step_{n}.txt"}))
 
     return answer
 
