@@ -41,7 +41,7 @@ PUBLIC: dict[str, list[str]] = {
         "log_summary_call", "new_plugin_manager", "open_archive", "redact", "search_dropped",
         "split_turns", "validate"],
     "agentcompact.dialects": ["AnthropicDialect", "Dialect", "OpenAIChatDialect",
-        "OpenAIResponsesDialect", "Part", "digest_of", "head_tail"],
+        "OpenAIResponsesDialect", "Part", "digest_of", "head_tail", "truncated"],
     "agentcompact.errors": ["AgentCompactError", "ArchiveError", "CompactionError",
         "ConfigError", "DialectError", "ExportError", "OverBudgetError", "PluginError",
         "ProxyError", "SegmentRowError", "StoreError", "SummarizerError", "SummarizerOverflow",
