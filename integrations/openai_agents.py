@@ -49,6 +49,7 @@ __all__ = ["CompactionFilter", "CompactionHooks"]
 log = logging.getLogger("agentcompact.openai_agents")
 
 _DIALECT = "openai_responses"
+_PENDING_CALLS = 4096  # model calls awaiting their on_llm_end (runs in flight)
 
 
 def _plain(item: Any) -> Any:
@@ -140,6 +141,8 @@ class CompactionHooks(RunHooks[Any]):
                            system_prompt: str | None, input_items: Sequence[Any]) -> None:
         items = [_plain(i) for i in input_items]
         key = conversation_key(self._owner.conversations.dialect, items)
+        if len(self._sent) >= _PENDING_CALLS:  # calls that failed never reach on_llm_end
+            self._sent.clear()
         self._sent[id(context)] = (key, items, system_prompt)
 
     async def on_llm_end(self, context: RunContextWrapper[Any], agent: Agent[Any],
