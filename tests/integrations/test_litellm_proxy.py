@@ -189,7 +189,8 @@ def test_mini_swe_agent_through_the_proxy(proxy: str, upstream: RunningServer,
                                           tmp_path: Path) -> None:
     """mini-swe-agent's own agent and ``LitellmModel`` (the LiteLLM SDK) pointed at the
     gateway by configuration: nothing in the agent knows about agentcompact."""
-    pytest.importorskip("minisweagent")
+    if importlib.util.find_spec("minisweagent") is None:  # importing it writes to ~/.config
+        pytest.skip("mini-swe-agent is not installed")
     for i in range(1, STEPS + 1):
         (tmp_path / f"step_{i}.txt").write_text(step_output(f"step_{i}", 700))
     script = tmp_path / "run_mini.py"
