@@ -54,3 +54,18 @@ def test_core_vs_cliffcompaction_prints_both_sets() -> None:
         assert float(row.group(4)) > 0  # the time ratio
         assert row.group(5) == "0"  # none of our outputs is invalid
         assert row.group(7) == "0"  # none of ours is over the trigger
+
+
+@pytest.mark.network  # the frameworks call the loopback simulator
+def test_hosts_bound_prints_every_arm() -> None:
+    for module in ("pydantic_ai", "agents", "litellm", "google.adk"):
+        pytest.importorskip(module)
+    out = run_script("hosts_bound.py", "--steps", "6", "--system", "1000", "--result", "800",
+                     "--trigger", "4000")
+    for framework, arms in (("litellm", 3), ("openai-agents", 3), ("pydantic-ai", 2),
+                            ("adk", 3)):
+        rows = re.findall(rf"^{framework} +.+ +\d+ +\d+ +(yes|no) +[\d.]+ +\d/7 +(\d+)$",
+                          out, re.M)
+        assert len(rows) == arms, out
+        assert all(invalid == "0" for _, invalid in rows), out
+    assert re.search(r"^pydantic-ai +agentcompact +\d+ +\d+ +yes ", out, re.M), out

@@ -7,7 +7,7 @@ their own); the built-in ones are importable here too.
 from __future__ import annotations
 
 from ._anthropic import AnthropicDialect
-from ._base import Dialect, Part, digest_of, head_tail
+from ._base import Dialect, Part, digest_of, head_tail, truncated
 from ._openai_chat import OpenAIChatDialect
 from ._openai_responses import OpenAIResponsesDialect
 
@@ -19,4 +19,5 @@ __all__ = [
     "Part",
     "digest_of",
     "head_tail",
+    "truncated",
 ]
