@@ -312,6 +312,9 @@ class Dialect:
     messages_key: ClassVar[str] = "messages"
     #: roles a compaction message may not directly follow (checked by the engine)
     model_roles: ClassVar[frozenset[str]] = frozenset({"assistant"})
+    #: the request-body fields besides the messages that the model reads and that count
+    #: against the budget (``Engine.fixed_tokens``): system prompt, instructions, tools
+    fixed_keys: ClassVar[tuple[str, ...]] = ("system", "instructions", "tools")
 
     # --- reading one message -----------------------------------------------------
     def role(self, message: Any) -> str:
