@@ -440,6 +440,16 @@ class Dialect:
     def check_order(self, messages: Sequence[Any]) -> None:
         """Raise ``ValidationError`` for a role order the provider refuses."""
 
+    def order_problems(self, messages: Sequence[Any]) -> list[ValidationError]:
+        """Every role-order problem of ``messages`` (default: the one :meth:`check_order`
+        raises). A dialect whose order rules can fail at several places returns them all,
+        so the engine can tell the problems of its input from new ones."""
+        try:
+            self.check_order(messages)
+        except ValidationError as exc:
+            return [exc]
+        return []
+
     def check_shape(self, message: Any, index: int) -> None:
         """Raise ``ValidationError`` when ``message`` is not a message of this dialect."""
         if not isinstance(message, dict):

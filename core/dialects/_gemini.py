@@ -296,41 +296,49 @@ class GeminiDialect(Dialect):
                                   "must not be empty)", index)
 
     def check_order(self, messages: Sequence[Any]) -> None:
+        found = self.order_problems(messages)
+        if found:
+            raise found[0]
+
+    def order_problems(self, messages: Sequence[Any]) -> list[ValidationError]:
+        out: list[ValidationError] = []
         previous: Any = None
         for i, message in enumerate(messages):
             calls = self.tool_call_ids(message)
             answers = self.tool_result_ids(message)
             if calls and (previous is None or previous.get("role") == "model"):
-                raise ValidationError(
+                out.append(ValidationError(
                     f"gemini: content {i} calls functions but does not follow a user turn or "
-                    "a function response turn", i)
+                    "a function response turn", i))
             if answers:
                 asked = self.tool_call_ids(previous) if previous is not None else ()
                 if not asked:
-                    raise ValidationError(
+                    out.append(ValidationError(
                         f"gemini: content {i} answers function calls but does not follow a "
-                        "function call turn", i)
-                if len(answers) != len(asked):
-                    raise ValidationError(
+                        "function call turn", i))
+                elif len(answers) != len(asked):
+                    out.append(ValidationError(
                         f"gemini: content {i} has {len(answers)} function responses for the "
-                        f"{len(asked)} function calls of content {i - 1}", i)
+                        f"{len(asked)} function calls of content {i - 1}", i))
             previous = message
-        self._check_signatures(messages)
+        return out + self._unsigned(messages)
 
-    def _check_signatures(self, messages: Sequence[Any]) -> None:
-        """Every step of the current turn returns its first call's signature, when the
+    def _unsigned(self, messages: Sequence[Any]) -> list[ValidationError]:
+        """The steps of the current turn whose first call lacks its signature, when the
         history shows a model that signs its calls."""
         if not any(_signed(p) and isinstance(_get(p, "functionCall"), dict)
                    for m in messages for p in _parts(m)):
-            return
+            return []
         start = 0
         for i, message in enumerate(messages):
             if self.role(message) == "user":
                 start = i
+        out = []
         for i in range(start, len(messages)):
             calls = [p for p in _parts(messages[i]) if isinstance(p, dict)
                      and isinstance(_get(p, "functionCall"), dict)]
             if messages[i].get("role") == "model" and calls and not _signed(calls[0]):
-                raise ValidationError(
+                out.append(ValidationError(
                     f"gemini: content {i} of the current turn has a function call without "
-                    "its thought signature", i)
+                    "its thought signature", i))
+        return out

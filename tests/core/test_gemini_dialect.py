@@ -12,6 +12,7 @@ import pytest
 
 from agentcompact import Budget, Engine, get_dialect, new_plugin_manager, validate
 from agentcompact._markers import COMPACTION_HEADER
+from agentcompact._turns import problems
 from agentcompact.dialects import GeminiDialect
 from agentcompact.errors import ValidationError
 
@@ -203,3 +204,16 @@ def test_a_compacted_cli_like_session_stays_valid_and_keeps_signatures() -> None
         for part in m["parts"]:
             if "thoughtSignature" in part:
                 assert json.dumps(part["thoughtSignature"]) in sent
+
+
+def test_every_order_problem_is_named_so_an_inherited_one_is_not_new() -> None:
+    """A history with two stray function responses: an output that drops the first still
+    has the second, which its input had too (the engine must not take it for its own)."""
+    stray = [{"role": "user", "parts": [{"functionResponse": {"name": f"f{k}",
+                                                               "response": {}}}]}
+             for k in range(2)]
+    contents = [_USER, _TEXT, stray[0], _USER, _TEXT, stray[1], _USER]
+    inherited = {key for key, _ in problems(contents, D, allow_pending=True)}
+    assert len(inherited) == 4  # each stray: no call turn before it, and an orphan
+    out = [contents[0], D.text_message(COMPACTION_HEADER + "\n\nx"), *contents[4:]]
+    assert {key for key, _ in problems(out, D, allow_pending=True)} <= inherited
