@@ -90,9 +90,10 @@ def problems(messages: Sequence[Any], dialect: Dialect, *, allow_pending: bool =
                 return out
     if out:  # role and pairing rules read messages of the dialect's shape only
         return out
-    for exc in _order_problems(dialect, messages):
-        at = messages[exc.index] if exc.index is not None and exc.index < len(messages) else None
-        out.append((("order", id(at)), exc))
+    for error in _order_problems(dialect, messages):
+        index = error.index
+        at = messages[index] if index is not None and index < len(messages) else None
+        out.append((("order", id(at)), error))
         if first:
             return out
     pending: dict[str, int] = {}
