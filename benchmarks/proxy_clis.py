@@ -1,4 +1,4 @@
-"""The real Claude Code and Codex CLIs through the proxy: figures per client and model.
+"""The real Claude Code, Codex and Gemini CLIs through the proxy: figures per client and model.
 
 Each CLI (found on PATH or in ``$AGENTCOMPACT_CLI_BIN``; ``.ci/run`` installs pinned
 versions) runs a scripted session of ``--steps`` tool steps (one file read each) through
@@ -11,7 +11,8 @@ with prompt caching (read 0.1x, write 1.25x; tokens = chars/4 of each message's 
 through the proxy relative to the client's own requests (what it sends without a proxy).
 
     TIKTOKEN_CACHE_DIR=... AGENTCOMPACT_CLI_BIN=.ci-node/node_modules/.bin \\
-        python benchmarks/proxy_clis.py [--steps 44] [--triggers 40000,80000]
+        python benchmarks/proxy_clis.py [--steps 44] [--triggers 40000,80000] \\
+        [--clis claude,codex,gemini]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from agentcompact._cachecost import CacheCost  # noqa: E402
 from agentcompact.dialects import (  # noqa: E402
     AnthropicDialect,
     Dialect,
+    GeminiDialect,
     OpenAIResponsesDialect,
     digest_of,
 )
@@ -45,7 +47,12 @@ from agentcompact.testing import find_cli  # noqa: E402
 from tests.clis.harness import CliRun, run_cli  # noqa: E402 - the tests' own driver
 
 SESSIONS = [("claude", None), ("claude", "claude-sonnet-4-5"),
-            ("codex", None), ("codex", "gpt-5.1-codex")]
+            ("codex", None), ("codex", "gpt-5.1-codex"),
+            ("gemini", None), ("gemini", "gemini-2.5-pro")]
+DIALECTS: dict[str, Dialect] = {"claude": AnthropicDialect(), "codex": OpenAIResponsesDialect(),
+                                "gemini": GeminiDialect()}
+#: what a request sends besides its messages (Gemini: ``systemInstruction``)
+FIXED = ("system", "tools", "instructions", "systemInstruction")
 
 
 def _tokens(value: Any) -> int:
@@ -55,7 +62,7 @@ def _tokens(value: Any) -> int:
 def _cost(dialect: Dialect, bodies: list[dict[str, Any]]) -> CacheCost:
     cost = CacheCost()
     for body in bodies:
-        fixed = {k: body.get(k) for k in ("system", "tools", "instructions")}
+        fixed = {k: body.get(k) for k in FIXED}
         messages = dialect.messages_of(body)
         cost.add([digest_of(fixed), *(digest_of(m) for m in messages)],
                  [_tokens(fixed), *(_tokens(m) for m in messages)])
@@ -63,7 +70,7 @@ def _cost(dialect: Dialect, bodies: list[dict[str, Any]]) -> CacheCost:
 
 
 def figures(run: CliRun, steps: int) -> dict[str, Any]:
-    dialect: Dialect = AnthropicDialect() if run.cli == "claude" else OpenAIResponsesDialect()
+    dialect = DIALECTS[run.cli]
     upstream = [redact_json(r.body) for r in run.dialect_requests]
     clients = [d["body"] for d in run.dumps]
     lines = run.proxy_lines
@@ -106,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--steps", type=int, default=44)
     parser.add_argument("--triggers", default="40000,80000")
+    parser.add_argument("--clis", default="claude,codex,gemini",
+                        help="which CLIs to run (comma-separated)")
     args = parser.parse_args(argv)
+    clis = set(args.clis.split(","))
     print(f"{'client':>7} {'model':>18} {'trigger':>8} | {'steps':>7} {'reqs':>5} "
           f"{'compact':>7} {'fallbk':>6} {'errors':>6} {'invalid':>7} {'outside':>7} | "
           f"{'peak sent':>9} {'peak client':>11} {'cached':>7} {'cost':>6}")
-    for cli, model in SESSIONS:
+    for cli, model in [s for s in SESSIONS if s[0] in clis]:
         executable = find_cli(cli)
         if executable is None:
             print(f"{cli:>7}: not installed (run .ci/run or set AGENTCOMPACT_CLI_BIN)")

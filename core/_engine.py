@@ -415,7 +415,7 @@ class Engine:
         self._last_view: _View | None = None
         self._scan = PrefixScan(self._store)
         self._interner = Interner()
-        self._fixed = FixedTokens(self._counter)
+        self._fixed = FixedTokens(self._counter, getattr(self._dialect, "fixed_keys", None))
         self._warned = False
         self._warned_fixed = False
         self._min_budget = _min_budget(self._strategy)

@@ -1,4 +1,5 @@
-"""Tokens of a request body besides its messages: system prompt, instructions, tool schemas.
+"""Tokens of a request body besides its messages: system prompt, instructions, tool schemas
+(the body fields the dialect names: ``Dialect.fixed_keys``).
 
 :class:`FixedTokens` counts them for ``Engine.fixed_tokens`` and remembers the counts: by
 content (the texts joined), and by identity for the last body's values — a proxy's next
@@ -25,13 +26,14 @@ class FixedTokens:
     """Counts of the fixed part of request bodies in one counter (not thread-safe on its own:
     a set of counts may be computed twice, never a wrong one)."""
 
-    def __init__(self, counter: TokenCounter) -> None:
+    def __init__(self, counter: TokenCounter, keys: tuple[str, ...] | None = None) -> None:
         self._counter = counter
+        self._keys = keys or _KEYS
         self._by_text: dict[str, int] = {}
         self._last: tuple[tuple[Any, ...], int] | None = None
 
     def count(self, body: dict[str, Any]) -> int:
-        values = tuple(body.get(key) for key in _KEYS)
+        values = tuple(body.get(key) for key in self._keys)
         last = self._last
         if last is not None and all(map(operator.is_, values, last[0])):
             return last[1]

@@ -90,11 +90,10 @@ def problems(messages: Sequence[Any], dialect: Dialect, *, allow_pending: bool =
                 return out
     if out:  # role and pairing rules read messages of the dialect's shape only
         return out
-    try:
-        dialect.check_order(messages)
-    except ValidationError as exc:
-        at = messages[exc.index] if exc.index is not None and exc.index < len(messages) else None
-        out.append((("order", id(at)), exc))
+    for error in _order_problems(dialect, messages):
+        index = error.index
+        at = messages[index] if index is not None and index < len(messages) else None
+        out.append((("order", id(at)), error))
         if first:
             return out
     pending: dict[str, int] = {}
@@ -125,6 +124,21 @@ def problems(messages: Sequence[Any], dialect: Dialect, *, allow_pending: bool =
     if pending and not allow_pending:
         out += _unanswered(pending, messages, dialect, len(messages))
     return out[:1] if first else out
+
+
+def _order_problems(dialect: Dialect, messages: Sequence[Any]) -> list[ValidationError]:
+    """Every role-order problem (``Dialect.order_problems``; a dialect object without it:
+    the one ``check_order`` raises). All of them, not the first only: an output that drops
+    the first of several problems its input had must not show the next as new."""
+    every = getattr(dialect, "order_problems", None)
+    if every is not None:
+        found: list[ValidationError] = every(messages)
+        return found
+    try:
+        dialect.check_order(messages)
+    except ValidationError as exc:
+        return [exc]
+    return []
 
 
 def _unanswered(pending: dict[str, int], messages: Sequence[Any], dialect: Dialect,

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from ._anthropic import AnthropicDialect
 from ._base import Dialect, Part, digest_of, head_tail, truncated
+from ._gemini import GeminiDialect
 from ._openai_chat import OpenAIChatDialect
 from ._openai_responses import OpenAIResponsesDialect
 
 __all__ = [
     "AnthropicDialect",
     "Dialect",
+    "GeminiDialect",
     "OpenAIChatDialect",
     "OpenAIResponsesDialect",
     "Part",

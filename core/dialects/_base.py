@@ -312,6 +312,9 @@ class Dialect:
     messages_key: ClassVar[str] = "messages"
     #: roles a compaction message may not directly follow (checked by the engine)
     model_roles: ClassVar[frozenset[str]] = frozenset({"assistant"})
+    #: the request-body fields besides the messages that the model reads and that count
+    #: against the budget (``Engine.fixed_tokens``): system prompt, instructions, tools
+    fixed_keys: ClassVar[tuple[str, ...]] = ("system", "instructions", "tools")
 
     # --- reading one message -----------------------------------------------------
     def role(self, message: Any) -> str:
@@ -436,6 +439,16 @@ class Dialect:
     # --- validation ---------------------------------------------------------------
     def check_order(self, messages: Sequence[Any]) -> None:
         """Raise ``ValidationError`` for a role order the provider refuses."""
+
+    def order_problems(self, messages: Sequence[Any]) -> list[ValidationError]:
+        """Every role-order problem of ``messages`` (default: the one :meth:`check_order`
+        raises). A dialect whose order rules can fail at several places returns them all,
+        so the engine can tell the problems of its input from new ones."""
+        try:
+            self.check_order(messages)
+        except ValidationError as exc:
+            return [exc]
+        return []
 
     def check_shape(self, message: Any, index: int) -> None:
         """Raise ``ValidationError`` when ``message`` is not a message of this dialect."""

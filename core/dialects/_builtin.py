@@ -7,12 +7,13 @@ from typing import Any
 
 from .._hookspecs import hookimpl
 from ._anthropic import AnthropicDialect
+from ._gemini import GeminiDialect
 from ._openai_chat import OpenAIChatDialect
 from ._openai_responses import OpenAIResponsesDialect
 
 __all__ = ["agentcompact_register_dialects"]
 
-_BUILTIN = (AnthropicDialect(), OpenAIChatDialect(), OpenAIResponsesDialect())
+_BUILTIN = (AnthropicDialect(), OpenAIChatDialect(), OpenAIResponsesDialect(), GeminiDialect())
 
 
 @hookimpl(trylast=True)

@@ -1,4 +1,5 @@
-"""A local LLM provider speaking the real Anthropic and OpenAI wire protocols, for tests.
+"""A local LLM provider speaking the real Anthropic, OpenAI and Gemini wire protocols, for
+tests.
 
 Scripted answers (:class:`Script`, :class:`Reply`), injected faults (:class:`Fault`), a
 latency model (:class:`LatencyModel`), every request recorded; :func:`serve` runs it on a
@@ -10,7 +11,15 @@ from __future__ import annotations
 from starlette.applications import Starlette
 
 from ._app import FAULT_HEADER, RecordedRequest, UpstreamSim
-from ._clis import CLI_BIN_ENV, CliCommand, ToolLoop, claude_command, codex_command, find_cli
+from ._clis import (
+    CLI_BIN_ENV,
+    CliCommand,
+    ToolLoop,
+    claude_command,
+    codex_command,
+    find_cli,
+    gemini_command,
+)
 from ._completion import SimTokenizer, logprob_of
 from ._latency import LatencyModel
 from ._runner import RunningServer, serve
@@ -56,6 +65,7 @@ __all__ = [
     "estimate_tokens",
     "filler_text",
     "find_cli",
+    "gemini_command",
     "last_user_text",
     "logprob_of",
     "prompt_text",

@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from ._anthropic_wire import AnthropicWire
 from ._completion import Completion, SimTokenizer, Wire, complete
+from ._gemini_wire import GeminiWire, refusal
 from ._latency import DecodePacer, LatencyModel, Slots
 from ._openai_wire import ChatWire
 from ._responses_wire import ResponsesWire, compacted
@@ -31,7 +32,7 @@ __all__ = [
     "quiet_dropped_streams",
 ]
 
-ANTHROPIC, CHAT, RESPONSES = AnthropicWire(), ChatWire(), ResponsesWire()
+ANTHROPIC, CHAT, RESPONSES, GEMINI = AnthropicWire(), ChatWire(), ResponsesWire(), GeminiWire()
 #: Request header that injects a fault into that one request (see :meth:`Fault.parse`).
 FAULT_HEADER = "x-sim-fault"
 _HANG_POLL_S = 0.05
@@ -75,7 +76,8 @@ def quiet_dropped_streams() -> None:
 
 
 class UpstreamSim:
-    """A scripted, recording LLM provider speaking Anthropic and OpenAI wire protocols.
+    """A scripted, recording LLM provider speaking the Anthropic, OpenAI and Gemini wire
+    protocols.
 
     :param script: what the model answers; by default it echoes the last user message.
     :param latency: provider timings; by default instant.
@@ -128,6 +130,9 @@ class UpstreamSim:
             Route("/v1/responses", self._responses, methods=["POST"]),
             Route("/v1/responses/compact", self._compact, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            # Gemini: ``{model}:generateContent``, ``:streamGenerateContent``, ``:countTokens``
+            Route("/v1beta/models/{target}", self._gemini, methods=["POST"]),
+            Route("/v1/models/{target}", self._gemini, methods=["POST"]),
             # anything else is recorded (a client's unexpected call shows in ``requests``)
             # and answered 404 in the Anthropic/OpenAI error shape
             Route("/{path:path}", self._unknown,
@@ -142,6 +147,17 @@ class UpstreamSim:
 
     async def _responses(self, request: Request) -> Response:
         return await self._answer(request, RESPONSES)
+
+    async def _gemini(self, request: Request) -> Response:
+        model, _, method = request.path_params["target"].partition(":")
+        if method == "countTokens":
+            ordinal, body = await self._record(request)
+            inner = (body or {}).get("generateContentRequest") or body or {}
+            return JSONResponse({"totalTokens": prompt_tokens(inner)}, headers=_ids(ordinal))
+        if method not in ("generateContent", "streamGenerateContent"):
+            return await self._unknown(request)
+        return await self._answer(request, GEMINI, model=model,
+                                  stream=method == "streamGenerateContent")
 
     async def _count_tokens(self, request: Request) -> Response:
         ordinal, body = await self._record(request)
@@ -181,19 +197,27 @@ class UpstreamSim:
                 del self._requests[:len(self._requests) - self.max_recorded]
             return self._seen, body
 
-    async def _answer(self, request: Request, wire: Wire) -> Response:
+    async def _answer(self, request: Request, wire: Wire, *, model: str | None = None,
+                      stream: bool | None = None) -> Response:
+        """Answer a model call; ``model`` and ``stream`` where the path names them
+        (Gemini), else the body does."""
         ordinal, body = await self._record(request)
         if not isinstance(body, dict):
             status, error = wire.error(Fault(400, message="request body is not a JSON object"), 0)
             return JSONResponse(error, status, headers=_ids(ordinal))
+        problem = refusal(body, model) if model is not None else None
+        if problem is not None:  # what the API itself refuses (Gemini's turn rules)
+            status, error = wire.error(Fault(400, message=problem), 0)
+            return JSONResponse(error, status, headers=_ids(ordinal))
         reply = self.script.reply_to(body)
         fault = _fault_of(request, reply)
-        refusal = await self._refusal(request, wire, fault, prompt_tokens(body), ordinal)
-        if refusal is not None:
-            return refusal
-        completion = complete(reply, body, ordinal=ordinal, budget=wire.output_budget(body),
+        refused = await self._refusal(request, wire, fault, prompt_tokens(body), ordinal)
+        if refused is not None:
+            return refused
+        named = body if model is None else {**body, "model": model}
+        completion = complete(reply, named, ordinal=ordinal, budget=wire.output_budget(body),
                               tokenizer=self.tokenizer if wire is CHAT else None)
-        if body.get("stream"):
+        if body.get("stream") if stream is None else stream:
             frames = self._stream(wire, completion, body, fault)
             return StreamingResponse(frames, media_type="text/event-stream",
                                      headers={**_ids(ordinal), "cache-control": "no-cache"})

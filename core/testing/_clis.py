@@ -1,12 +1,14 @@
-"""Scripted tool-using sessions for the real coding CLIs (Claude Code, Codex CLI).
+"""Scripted tool-using sessions for the real coding CLIs (Claude Code, Codex CLI, Gemini CLI).
 
 A :class:`ToolLoop` is a responder: the simulated model asks the CLI to read one file per
 step (``Read`` for Claude Code; Codex's ``exec`` tool, or its ``exec_command`` function
-with older models), then answers with a final text. The step comes from the newest tool
-result the request carries (each file opens with its own marker), not from a counter, so
-a retried request, or a history the proxy compacted, gets the right next step.
-:func:`claude_command` and :func:`codex_command` build the command line and environment
-that point each CLI at a base URL, with a dummy key and a private home directory.
+with older models; Gemini CLI's ``read_file``), then answers with a final text. The step
+comes from the newest tool result the request carries (each file opens with its own
+marker), not from a counter, so a retried request, or a history the proxy compacted, gets
+the right next step. A request asking for JSON by a schema (Gemini CLI's model routing)
+gets a value of that schema. :func:`claude_command`, :func:`codex_command` and
+:func:`gemini_command` build the command line and environment that point each CLI at a
+base URL, with a dummy key and a private home directory.
 
 Nothing here talks to a real provider; the CLIs are found on ``PATH`` or through
 ``AGENTCOMPACT_CLI_BIN`` (the folder ``.ci/run`` installs them into).
@@ -24,17 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._gemini_wire import json_schema_of, schema_sample
 from ._script import Reply, ToolCall
 
 __all__ = [
     "CLI_BIN_ENV",
     "DUMMY_ANTHROPIC_KEY",
+    "DUMMY_GEMINI_KEY",
     "DUMMY_OPENAI_KEY",
     "CliCommand",
     "ToolLoop",
     "claude_command",
     "codex_command",
     "find_cli",
+    "gemini_command",
     "write_step_files",
 ]
 
@@ -42,6 +47,7 @@ __all__ = [
 CLI_BIN_ENV = "AGENTCOMPACT_CLI_BIN"
 DUMMY_ANTHROPIC_KEY = "sk-ant-agentcompact-dummy-0000"
 DUMMY_OPENAI_KEY = "sk-agentcompact-dummy-0000"
+DUMMY_GEMINI_KEY = "AIza-agentcompact-dummy-0000"
 FINAL_TEXT = "All steps done."
 _MARK = re.compile(r"STEP-(\d+)-OF-(\d+)")
 _WORDS = ("alpha", "bravo", "delta", "kilo", "lima", "oscar", "romeo", "sierra", "tango",
@@ -76,11 +82,14 @@ def _texts(value: Any) -> list[str]:
 
 
 def _results(body: Mapping[str, Any]) -> list[Any]:
-    """The tool results of a request, oldest first (Anthropic blocks, Responses items)."""
+    """The tool results of a request, oldest first (Anthropic blocks, Responses items,
+    Gemini function responses)."""
     found: list[Any] = []
-    for item in body.get("messages") or body.get("input") or []:
+    for item in body.get("messages") or body.get("input") or body.get("contents") or []:
         if not isinstance(item, dict):
             continue
+        found.extend(p["functionResponse"].get("response") for p in item.get("parts") or []
+                     if isinstance(p, dict) and isinstance(p.get("functionResponse"), dict))
         if str(item.get("type", "")).endswith("_call_output"):
             found.append(item.get("output"))
         content = item.get("content")
@@ -104,7 +113,8 @@ def newest_step(body: Mapping[str, Any]) -> int | None:
 
 def _offers(body: Mapping[str, Any], name: str) -> bool:
     """True when a tool called ``name`` is among the request's tools (``tools`` or a
-    Responses ``additional_tools`` item, namespaces included)."""
+    Responses ``additional_tools`` item, namespaces included; Gemini's
+    ``functionDeclarations``)."""
     pending = list(body.get("tools") or [])
     for item in body.get("input") or []:
         if isinstance(item, dict) and item.get("type") == "additional_tools":
@@ -116,6 +126,7 @@ def _offers(body: Mapping[str, Any], name: str) -> bool:
         if tool.get("name") == name:
             return True
         pending.extend(tool.get("tools") or [])
+        pending.extend(tool.get("functionDeclarations") or [])
     return False
 
 
@@ -133,6 +144,10 @@ class ToolLoop:
     finals: int = 0
 
     def __call__(self, body: dict[str, Any]) -> Reply:
+        schema = json_schema_of(body)
+        if schema is not None:  # a side request asking for JSON (Gemini CLI's routing)
+            self.side += 1
+            return Reply(json.dumps(schema_sample(schema)))
         if not body.get("tools") and not _offers(body, "exec"):
             self.side += 1
             return Reply("Reading files step by step.")
@@ -148,6 +163,8 @@ class ToolLoop:
     def _call(body: dict[str, Any], path: str) -> Reply:
         if _offers(body, "Read"):  # Claude Code
             return Reply.tool("Read", {"file_path": path})
+        if _offers(body, "read_file"):  # Gemini CLI
+            return Reply.tool("read_file", {"file_path": path})
         if _offers(body, "exec_command"):  # Codex, models offered the function itself
             return Reply.tool("exec_command", {"cmd": f"cat {path}"})
         command = json.dumps(f"cat {path}")
@@ -164,7 +181,8 @@ class CliCommand:
 
 
 def find_cli(name: str) -> str | None:
-    """The ``claude`` / ``codex`` executable: in ``$AGENTCOMPACT_CLI_BIN``, else on PATH."""
+    """The ``claude`` / ``codex`` / ``gemini`` executable: in ``$AGENTCOMPACT_CLI_BIN``, else
+    on PATH."""
     folder = os.environ.get(CLI_BIN_ENV)
     if folder:
         candidate = Path(folder) / name
@@ -212,4 +230,28 @@ def codex_command(executable: str, base_url: str, home: Path, prompt: str,
     config.chmod(0o600)
     argv = [executable, "exec", "--skip-git-repo-check", prompt]
     env = {**_base_env(home), "CODEX_HOME": str(home), "AGENTCOMPACT_SIM_KEY": DUMMY_OPENAI_KEY}
+    return CliCommand(argv, env)
+
+
+#: Gemini CLI's settings for a run against a base URL with an API key: the auth type
+#: selected (with ``GOOGLE_GEMINI_BASE_URL`` set and none selected, 0.61 picks its
+#: ``gateway`` auth, which ``-p`` refuses), no usage statistics sent anywhere
+GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}},
+                   "privacy": {"usageStatisticsEnabled": False}}
+
+
+def gemini_command(executable: str, base_url: str, home: Path, prompt: str,
+                   model: str | None = None) -> CliCommand:
+    """``gemini -p --yolo`` against ``base_url`` (``GOOGLE_GEMINI_BASE_URL``), with a private
+    ``HOME`` holding ``.gemini/settings.json`` (API-key auth) and a dummy key."""
+    folder = home / ".gemini"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    settings = folder / "settings.json"
+    settings.write_text(json.dumps(GEMINI_SETTINGS))
+    settings.chmod(0o600)
+    argv = [executable, "-p", prompt, "--yolo", "--skip-trust"]
+    if model:
+        argv += ["--model", model]
+    env = {**_base_env(home), "GOOGLE_GEMINI_BASE_URL": base_url,
+           "GEMINI_API_KEY": DUMMY_GEMINI_KEY}
     return CliCommand(argv, env)

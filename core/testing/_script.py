@@ -2,8 +2,9 @@
 
 Tokens are *estimated*, never tokenized: one token is four characters of text
 (``ceil(len(text) / 4)``). The prompt side counts the compact JSON of the prompt-bearing
-fields of a request (``system``, ``messages``, ``tools``, ``instructions``, ``input``), so the
-same prompt counts the same through ``/v1/messages`` and ``/v1/messages/count_tokens``.
+fields of a request (``system``, ``messages``, ``tools``, ``instructions``, ``input``; Gemini's
+``systemInstruction``, ``contents``), so the same prompt counts the same through
+``/v1/messages`` and ``/v1/messages/count_tokens``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ __all__ = [
 
 #: Characters per estimated token.
 TOKEN_CHARS = 4
-PROMPT_FIELDS = ("system", "messages", "tools", "instructions", "input")
+PROMPT_FIELDS = ("system", "messages", "tools", "instructions", "input", "systemInstruction",
+                 "contents")
 _FILLER_WORDS = ("ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen", "owl", "yak")
 
 
@@ -69,7 +71,7 @@ def _texts(content: Any) -> list[str]:
         return [content]
     if isinstance(content, Mapping):
         found = [content["text"]] if isinstance(content.get("text"), str) else []
-        for key in ("content", "output"):
+        for key in ("content", "output", "parts"):
             if key in content:
                 found += _texts(content[key])
         return found
@@ -85,12 +87,13 @@ def prompt_text(body: Mapping[str, Any]) -> str:
 
 
 def last_user_text(body: Mapping[str, Any]) -> str:
-    """Text of the last user message of a Messages, Chat Completions or Responses request."""
-    turns = body.get("messages", body.get("input", []))
+    """Text of the last user message of a Messages, Chat Completions, Responses or Gemini
+    request."""
+    turns = body.get("messages", body.get("input", body.get("contents", [])))
     if isinstance(turns, str):
         return turns
     users = [turn for turn in turns if isinstance(turn, Mapping) and turn.get("role") == "user"]
-    return "\n".join(_texts(users[-1].get("content"))) if users else ""
+    return "\n".join(_texts(users[-1].get("content", users[-1].get("parts")))) if users else ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,14 +73,15 @@ from ._upstream import (
 from ._wire import (
     ANTHROPIC,
     CHAT,
+    GEMINI,
     RESPONSES,
     dialect_for,
     error_body,
-    is_anthropic_path,
     is_context_error,
     is_probe,
     request_headers,
     session_key,
+    upstream_of,
 )
 
 __all__ = ["CompactionProxy", "ProxyApp", "create_app"]
@@ -172,7 +173,7 @@ class EnginePool:
         reg = registry(pm)
         reg.strategy_factory(config.strategy)  # unknown name: ConfigError at start-up
         self.dialects: dict[str, Dialect] = {d: reg.dialect(d) for d in (ANTHROPIC, CHAT,
-                                                                          RESPONSES)}
+                                                                          RESPONSES, GEMINI)}
         self._engines: OrderedDict[tuple[str, str], Engine] = OrderedDict()
         #: tokens each engine sent last time (to tell a quiet request from a likely cliff)
         self.sent_tokens: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
@@ -554,8 +555,9 @@ class CompactionProxy:
     def _upstream_url(self, request: Request) -> str:
         """The upstream URL: the path and query exactly as the client sent them."""
         scope = request.scope
-        base = (self.config.anthropic_upstream if is_anthropic_path(scope["path"])
-                else self.config.openai_upstream)
+        c, whose = self.config, upstream_of(scope["path"])
+        base = (c.anthropic_upstream if whose == ANTHROPIC else
+                c.gemini_upstream if whose == GEMINI else c.openai_upstream)
         raw_path = scope.get("raw_path")
         path = raw_path.decode("latin-1") if raw_path else quote(scope["path"])
         query = scope.get("query_string", b"").decode("latin-1")
@@ -611,8 +613,7 @@ class CompactionProxy:
         return result
 
     async def _passthrough(self, request: Request, raw: bytes) -> Any:
-        resp = await self._send(request, raw, ANTHROPIC if is_anthropic_path(request.scope["path"])
-                                else CHAT)
+        resp = await self._send(request, raw, upstream_of(request.scope["path"]))
         if isinstance(resp, BufferedResponse):
             return resp
         self.stats.stream_opened(1)

@@ -28,7 +28,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``proxy`` to an ``argparse`` sub-parsers object; returns the new parser."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "proxy", help="run the transparent compaction proxy",
-        description="Transparent HTTP proxy that compacts Anthropic / OpenAI request bodies. "
+        description="Transparent HTTP proxy that compacts Anthropic / OpenAI / Gemini request "
+                    "bodies. "
                     f"Each flag can also be set by an environment variable {ENV_PREFIX}<FLAG> "
                     "(e.g. AGENTCOMPACT_TRIGGER); flags win.")
     _add_arguments(p)
@@ -56,6 +57,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     a("--counter", help="token counter: tiktoken (default), tiktoken:ENC, hf:PATH, chars")
     a("--anthropic-upstream", metavar="URL", help="default https://api.anthropic.com")
     a("--openai-upstream", metavar="URL", help="default https://api.openai.com")
+    a("--gemini-upstream", metavar="URL",
+      help="default https://generativelanguage.googleapis.com")
     a("--record", metavar="DIR", help="record every model call and compaction for RL export")
     a("--shadow", action="store_true", default=None,
       help="compute and log compactions, forward every request unchanged")
@@ -87,7 +90,7 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
     """Defaults < ``AGENTCOMPACT_*`` environment < flags."""
     overrides = {k: getattr(args, k, None) for k in (
         "host", "port", "strategy", "trigger", "target", "counter", "anthropic_upstream",
-        "openai_upstream", "record", "shadow", "strict", "debug_dir", "reactive",
+        "openai_upstream", "gemini_upstream", "record", "shadow", "strict", "debug_dir", "reactive",
         "max_sessions", "log_requests", "store", "state_dir", "archive")}
     options = _options(getattr(args, "strategy_option", None) or [])
     if options:

@@ -13,10 +13,12 @@ import orjson
 
 from agentcompact.errors import ConfigError
 
-__all__ = ["DEFAULT_ANTHROPIC_UPSTREAM", "DEFAULT_OPENAI_UPSTREAM", "ENV_PREFIX", "ProxyConfig"]
+__all__ = ["DEFAULT_ANTHROPIC_UPSTREAM", "DEFAULT_GEMINI_UPSTREAM", "DEFAULT_OPENAI_UPSTREAM",
+           "ENV_PREFIX", "ProxyConfig"]
 
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
 DEFAULT_OPENAI_UPSTREAM = "https://api.openai.com"
+DEFAULT_GEMINI_UPSTREAM = "https://generativelanguage.googleapis.com"
 ENV_PREFIX = "AGENTCOMPACT_"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
@@ -42,6 +44,7 @@ class ProxyConfig:
     :param counter: token counter spec (``tiktoken``, ``tiktoken:ENC``, ``hf:PATH``, ``chars``).
     :param anthropic_upstream: base URL for Anthropic paths (request path appended).
     :param openai_upstream: base URL for every other path.
+    :param gemini_upstream: base URL for Gemini API paths (``/v1beta/…``, ``…:generateContent``).
     :param record: run directory for the trajectory recorder (``--record``).
     :param shadow: compute and log compactions but forward every request unchanged.
     :param strict: refuse (HTTP 400, provider's error shape) a request still over budget.
@@ -72,6 +75,7 @@ class ProxyConfig:
     counter: str = "tiktoken"
     anthropic_upstream: str = DEFAULT_ANTHROPIC_UPSTREAM
     openai_upstream: str = DEFAULT_OPENAI_UPSTREAM
+    gemini_upstream: str = DEFAULT_GEMINI_UPSTREAM
     record: str | None = None
     shadow: bool = False
     strict: bool = False
@@ -94,7 +98,7 @@ class ProxyConfig:
             raise ConfigError(f"target must be in (0, trigger={self.trigger}], got {self.target}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("anthropic_upstream", "openai_upstream"):
+        for name in ("anthropic_upstream", "openai_upstream", "gemini_upstream"):
             url = getattr(self, name)
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{name} must be an http(s) URL, got {url!r}")

@@ -3,9 +3,10 @@
 Starts the proxy on a free loopback port, points the command at it and runs the command in
 the foreground; when it exits, the proxy is torn down and the command's exit status is
 returned. The command is pointed at the proxy by ``ANTHROPIC_BASE_URL`` (Claude Code, the
-Anthropic SDKs), ``OPENAI_BASE_URL`` (the OpenAI SDKs) and, when the command is ``codex``,
-``-c`` overrides defining a ``model_providers.agentcompact`` entry with
-``wire_api = "responses"`` (Codex reads no base-URL variable for its own provider).
+Anthropic SDKs), ``OPENAI_BASE_URL`` (the OpenAI SDKs), ``GOOGLE_GEMINI_BASE_URL`` (Gemini
+CLI, the Google Gen AI SDKs) and, when the command is ``codex``, ``-c`` overrides defining a
+``model_providers.agentcompact`` entry with ``wire_api = "responses"`` (Codex reads no
+base-URL variable for its own provider).
 
 The proxy's per-request log lines go to ``--log-file`` (mode 0600) when given, else
 nowhere: a terminal UI owns the screen. Warnings go to the log file, or to stderr.
@@ -26,7 +27,7 @@ from agentcompact.errors import AgentCompactError
 
 from ._cli import _add_arguments, build_config, start_up
 
-__all__ = ["add_parser", "child_command", "child_env", "run"]
+__all__ = ["add_parser", "child_command", "child_env", "gemini_auth_hint", "run"]
 
 log = logging.getLogger("agentcompact.proxy")
 #: the ``model_providers`` entry ``run`` defines for Codex
@@ -38,7 +39,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "run", help="run a command (claude, codex, …) with the proxy in front of it",
         description="Start the compaction proxy on a free loopback port, point CMD at it "
-                    "(ANTHROPIC_BASE_URL, OPENAI_BASE_URL; for codex a model_providers "
+                    "(ANTHROPIC_BASE_URL, OPENAI_BASE_URL, GOOGLE_GEMINI_BASE_URL; for codex "
+                    "a model_providers "
                     "override), run CMD in the foreground and stop the proxy after. The "
                     "exit status is CMD's. Example: agentcompact run --trigger 150000 -- claude")
     _add_arguments(p)
@@ -53,11 +55,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def child_env(base_url: str, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The command's environment: the caller's, with both providers' base URLs set to the
-    proxy (``OPENAI_BASE_URL`` with ``/v1``, as the OpenAI SDKs expect)."""
+    """The command's environment: the caller's, with the providers' base URLs set to the
+    proxy (``OPENAI_BASE_URL`` with ``/v1``, as the OpenAI SDKs expect; the Gemini SDKs add
+    their API version themselves)."""
     env = dict(os.environ if environ is None else environ)
     env["ANTHROPIC_BASE_URL"] = base_url
     env["OPENAI_BASE_URL"] = f"{base_url}/v1"
+    env["GOOGLE_GEMINI_BASE_URL"] = base_url
     return env
 
 
@@ -100,11 +104,36 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"agentcompact: proxy on {server.base_url} (agentcompact watch --url "
               f"{server.base_url})", file=sys.stderr)
+        hint = gemini_auth_hint(command)
+        if hint:
+            print(hint, file=sys.stderr)
         return _foreground(child_command(command, server.base_url, args.codex_env_key),
                            child_env(server.base_url))
     finally:
         server.stop()
         _summary(server)
+
+
+def gemini_auth_hint(argv: Sequence[str], home: Path | None = None,
+                     cwd: Path | None = None) -> str | None:
+    """One line for a Gemini CLI run in ``-p`` mode whose settings select no auth type:
+    with ``GOOGLE_GEMINI_BASE_URL`` set, Gemini CLI (0.61) then picks its ``gateway``
+    auth, which its ``-p`` mode refuses ("Invalid auth method selected")."""
+    if not argv or Path(argv[0]).name not in ("gemini", "gemini.cmd"):
+        return None
+    if not any(a in ("-p", "--prompt") or a.startswith("--prompt=") for a in argv[1:]):
+        return None
+    home = Path.home() if home is None else home
+    cwd = Path.cwd() if cwd is None else cwd
+    for settings in (home / ".gemini" / "settings.json", cwd / ".gemini" / "settings.json"):
+        try:
+            if "selectedType" in settings.read_text(encoding="utf-8", errors="replace"):
+                return None
+        except OSError:
+            continue
+    return ('agentcompact run: Gemini CLI selects no auth type here; if it answers "Invalid '
+            'auth method selected", set "security": {"auth": {"selectedType": '
+            '"gemini-api-key"}} in ~/.gemini/settings.json (GEMINI_API_KEY stays the key)')
 
 
 class _Running:

@@ -13,7 +13,8 @@ a non-streaming call would have returned, for each of the three protocols:
   tool-call fragments by index) + the usage chunk, and what the server reports for RL:
   per-token ``logprobs`` and vLLM/SGLang ``token_ids`` / ``prompt_token_ids``;
 - OpenAI Responses: the final ``response.completed`` / ``response.incomplete`` event (or,
-  when the stream stopped early, the ``response.output_item.done`` items seen).
+  when the stream stopped early, the ``response.output_item.done`` items seen);
+- Gemini: ``GenerateContentResponse`` chunks (``_reassemble_gemini``).
 
 Events it does not know are skipped; a malformed event never raises (the result is then
 marked incomplete only if the end of the stream was not seen).
@@ -28,7 +29,7 @@ from typing import Any
 import orjson
 
 from ...trajectory._sampled import SampledTokens, from_chat_completion, from_responses
-from ._wire import ANTHROPIC, CHAT
+from ._wire import ANTHROPIC, CHAT, GEMINI
 
 __all__ = [
     "Reassembled", "Reassembler", "from_body", "iter_sse", "reassemble", "reassemble_events",
@@ -110,6 +111,10 @@ def from_body(dialect: str, body: Any) -> Reassembled:
     """The native assistant output of a non-streamed response body (a dict)."""
     if not isinstance(body, dict):
         return Reassembled()
+    if dialect == GEMINI:
+        from ._reassemble_gemini import gemini_from_body
+
+        return gemini_from_body(body)
     usage = body.get("usage") or {}
     model = body.get("model")
     if dialect == ANTHROPIC:
@@ -167,6 +172,10 @@ def reassembler(dialect: str) -> Reassembler:
         return _AnthropicStream()
     if dialect == CHAT:
         return _ChatStream()
+    if dialect == GEMINI:
+        from ._reassemble_gemini import GeminiStream
+
+        return GeminiStream()
     return _ResponsesStream()
 
 

@@ -3,6 +3,12 @@
 Which path speaks which dialect and goes to which upstream, which headers are hop-by-hop,
 what a probe and a context-length error look like, how each provider shapes an error
 body, and how a request names its session. Pure functions; no I/O.
+
+The Gemini API names its methods after a colon in the last path segment
+(``/v1beta/models/{model}:generateContent``, ``:streamGenerateContent?alt=sse``,
+``:countTokens``); its key travels in ``x-goog-api-key`` or the ``key`` query parameter,
+both relayed as the client sent them (the proxy's logs and dumps hold the path, never the
+query, and redact the header).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from agentcompact.dialects._base import Dialect, digest_of
 __all__ = [
     "ANTHROPIC",
     "CHAT",
+    "GEMINI",
     "RESPONSES",
     "dialect_for",
     "error_body",
@@ -29,9 +36,10 @@ __all__ = [
     "request_headers",
     "response_headers",
     "session_key",
+    "upstream_of",
 ]
 
-ANTHROPIC, CHAT, RESPONSES = "anthropic", "openai_chat", "openai_responses"
+ANTHROPIC, CHAT, RESPONSES, GEMINI = "anthropic", "openai_chat", "openai_responses", "gemini"
 
 #: RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the proxy recomputes itself.
 _HOP_BY_HOP = frozenset({
@@ -46,12 +54,21 @@ _PROBE_KEYS = ("max_tokens", "max_output_tokens", "max_completion_tokens")
 _CONTEXT_ERROR = re.compile(
     r"prompt is too long|context[_ ]length[_ ]exceeded|maximum context length"
     r"|context window|input is too long|too many (?:input )?tokens|request_too_large"
-    r"|reduce the length of the (?:messages|input)|exceeds the context",
+    r"|reduce the length of the (?:messages|input)|exceeds the context"
+    r"|exceeds the maximum number of tokens allowed",
     re.IGNORECASE,
 )
 _SESSION_HEADERS = ("x-session-id", "session_id", "session-id", "x-claude-code-session-id",
                     "conversation_id", "x-conversation-id")
 _LEGACY_USER_ID_SESSION = re.compile(r"session_([0-9A-Za-z-]{8,})")
+#: the Gemini API's methods whose bodies hold ``contents`` to compact
+_GEMINI_METHODS = (":generateContent", ":streamGenerateContent")
+#: the Gemini API's path prefixes (its OpenAI-compatible ``/v1beta/openai/...`` included)
+_GEMINI_PREFIXES = ("/v1beta/", "/v1alpha/", "/upload/v1beta/")
+#: Google's status names for the HTTP statuses the proxy answers itself
+_GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                  404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED",
+                  502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
 def dialect_for(path: str) -> str | None:
@@ -63,6 +80,8 @@ def dialect_for(path: str) -> str | None:
     p = path.rstrip("/")
     if p.endswith("/v1/messages") or p == "/messages":
         return ANTHROPIC
+    if p.endswith(_GEMINI_METHODS):
+        return GEMINI
     if p.endswith("/chat/completions"):
         return CHAT
     if p.endswith("/responses"):
@@ -74,6 +93,17 @@ def is_anthropic_path(path: str) -> bool:
     """True for paths served by the Anthropic upstream (``/v1/messages…``, ``/v1/complete``)."""
     p = path.rstrip("/")
     return "/v1/messages" in p or p.endswith("/v1/complete") or p.startswith("/messages")
+
+
+def upstream_of(path: str) -> str:
+    """Whose upstream serves ``path``: ``ANTHROPIC``, ``GEMINI`` (a Gemini API path: a
+    ``/v1beta/…`` path, or a method after a colon, ``…/models/m:countTokens``) or ``CHAT``
+    (the OpenAI upstream, for every other path)."""
+    if is_anthropic_path(path):
+        return ANTHROPIC
+    if path.startswith(_GEMINI_PREFIXES) or ":" in path.rsplit("/", 1)[-1]:
+        return GEMINI
+    return CHAT
 
 
 def request_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -112,12 +142,13 @@ def content_length(headers: Sequence[tuple[bytes, bytes]]) -> int | None:
 
 
 def is_probe(body: Mapping[str, Any]) -> bool:
-    """A request asking for at most one output token: a liveness or quota probe, not a turn."""
-    for key in _PROBE_KEYS:
-        cap = body.get(key)
-        if isinstance(cap, int) and not isinstance(cap, bool) and cap <= 1:
-            return True
-    return False
+    """A request asking for at most one output token: a liveness or quota probe, not a turn
+    (Gemini: ``generationConfig.maxOutputTokens``)."""
+    config = body.get("generationConfig", body.get("generation_config"))
+    caps = [body.get(key) for key in _PROBE_KEYS]
+    if isinstance(config, dict):
+        caps += [config.get("maxOutputTokens"), config.get("max_output_tokens")]
+    return any(isinstance(cap, int) and not isinstance(cap, bool) and cap <= 1 for cap in caps)
 
 
 def is_context_error(status: int, body: bytes) -> bool:
@@ -131,6 +162,9 @@ def error_body(dialect: str | None, status: int, message: str, *, code: str | No
                ) -> dict[str, Any]:
     """An error in the provider's own shape, so SDKs raise their usual exception types."""
     kind = "invalid_request_error" if status < 500 else "api_error"
+    if dialect == GEMINI:
+        google = _GOOGLE_STATUS.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
+        return {"error": {"code": status, "message": message, "status": google}}
     if dialect == ANTHROPIC:
         return {"type": "error", "error": {"type": kind, "message": message}}
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
@@ -143,8 +177,10 @@ def session_key(dialect: Dialect, body: Mapping[str, Any], headers: Mapping[str,
     The client's own session id wins (a session header; Claude Code's ``metadata.user_id``,
     a JSON string holding ``session_id`` or the older ``…_session_<uuid>`` form; Codex's
     ``prompt_cache_key``); otherwise the digest of the history's root: the system prompt
-    and the messages up to the first user message. Hashed, so account and device ids the
-    client puts beside its session id never appear in logs or the status page.
+    (the dialect's ``fixed_keys`` but the tools: Gemini's ``systemInstruction``) and the
+    messages up to the first user message (Gemini CLI sends no session id). Hashed, so
+    account and device ids the client puts beside its session id never appear in logs or
+    the status page.
     """
     source = _client_session(body, headers)
     if source is None:
@@ -176,7 +212,8 @@ def _client_session(body: Mapping[str, Any], headers: Mapping[str, str]) -> str 
 
 
 def _root_digest(dialect: Dialect, body: Mapping[str, Any], messages: Sequence[Any]) -> str:
-    parts = [digest_of(body.get("system")), digest_of(body.get("instructions"))]
+    keys = getattr(dialect, "fixed_keys", ("system", "instructions"))
+    parts = [digest_of(body.get(key)) for key in keys if key != "tools"]
     for message in messages:
         parts.append(dialect.digest(message))
         if dialect.role(message) == "user":

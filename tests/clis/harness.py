@@ -27,6 +27,7 @@ from agentcompact.testing._clis import (
     ToolLoop,
     claude_command,
     codex_command,
+    gemini_command,
     write_step_files,
 )
 
@@ -53,7 +54,8 @@ class CliRun:
 
     @property
     def dialect_requests(self) -> list[RecordedRequest]:
-        """The requests the proxy compacts (``/v1/messages``, ``/v1/responses``)."""
+        """The requests the proxy compacts (``/v1/messages``, ``/v1/responses``,
+        ``…:generateContent``, ``…:streamGenerateContent``)."""
         return [r for r in self.requests if r.method == "POST" and dialect_for(r.path)]
 
     @property
@@ -80,8 +82,8 @@ def _captured(logger_name: str) -> Iterator[io.StringIO]:
 def run_cli(cli: str, executable: str, tmp: Path, *, steps: int, trigger: int,
             model: str | None = None, file_bytes: int = 6000, timeout: float = 300.0
             ) -> CliRun:
-    """One ``steps``-step session of ``cli`` (``claude`` or ``codex``) through a proxy with
-    ``trigger``; the proxy dumps every body into ``tmp/debug``."""
+    """One ``steps``-step session of ``cli`` (``claude``, ``codex`` or ``gemini``) through a
+    proxy with ``trigger``; the proxy dumps every body into ``tmp/debug``."""
     work, home, debug = tmp / "work", tmp / "home", tmp / "debug"
     work.mkdir()
     home.mkdir(mode=0o700)
@@ -89,7 +91,8 @@ def run_cli(cli: str, executable: str, tmp: Path, *, steps: int, trigger: int,
     sim = UpstreamSim(Script(then=loop))
     with _captured("agentcompact") as logs, serve(sim) as upstream:
         config = ProxyConfig(port=0, trigger=trigger, anthropic_upstream=upstream.base_url,
-                             openai_upstream=upstream.base_url, debug_dir=str(debug))
+                             openai_upstream=upstream.base_url,
+                             gemini_upstream=upstream.base_url, debug_dir=str(debug))
         app = create_app(config, plugins=new_plugin_manager())
         with ThreadedServer(app) as proxy:
             command = _command(cli, executable, proxy.base_url, home, model)
@@ -112,4 +115,6 @@ def _command(cli: str, executable: str, base_url: str, home: Path, model: str | 
              ) -> CliCommand:
     if cli == "claude":
         return claude_command(executable, base_url, home, PROMPT, model)
+    if cli == "gemini":
+        return gemini_command(executable, base_url, home, PROMPT, model)
     return codex_command(executable, f"{base_url}/v1", home / "codex", PROMPT, model)

@@ -1,4 +1,5 @@
-"""The real Claude Code and Codex CLIs, driven through the proxy against the simulator.
+"""The real Claude Code, Codex and Gemini CLIs, driven through the proxy against the
+simulator.
 
 Each session reads 42 files (one tool step each) with a trigger low enough for several
 compactions. Everything asserted comes from what the simulator received, the proxy's
@@ -17,10 +18,17 @@ import pytest
 
 from agentcompact import validate
 from agentcompact._archive import handle_of
-from agentcompact.dialects import AnthropicDialect, Dialect, OpenAIResponsesDialect, digest_of
+from agentcompact.dialects import (
+    AnthropicDialect,
+    Dialect,
+    GeminiDialect,
+    OpenAIResponsesDialect,
+    digest_of,
+)
 from agentcompact.integrations.proxy._observe import redact_json
 from agentcompact.testing._clis import (
     DUMMY_ANTHROPIC_KEY,
+    DUMMY_GEMINI_KEY,
     DUMMY_OPENAI_KEY,
     FINAL_TEXT,
     find_cli,
@@ -34,7 +42,8 @@ STEPS = 42
 TRIGGER = 40_000
 #: (cli, model): each CLI with its default model and with one older model
 SESSIONS = [("claude", None), ("claude", "claude-sonnet-4-5"),
-            ("codex", None), ("codex", "gpt-5.1-codex")]
+            ("codex", None), ("codex", "gpt-5.1-codex"),
+            ("gemini", None), ("gemini", "gemini-2.5-pro")]
 
 
 def _executable(cli: str) -> str:
@@ -53,6 +62,8 @@ def session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 def _dialect(run: CliRun) -> Dialect:
+    if run.cli == "gemini":
+        return GeminiDialect()
     return AnthropicDialect() if run.cli == "claude" else OpenAIResponsesDialect()
 
 
@@ -72,11 +83,20 @@ def test_every_step_completed(session: CliRun) -> None:
 
 KNOWN_ROUTES = ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
                 "/v1/responses/compact", "/v1/models")
+#: Gemini's routes name the model: ``/v1beta/models/{model}:{method}``
+GEMINI_METHODS = (":generateContent", ":streamGenerateContent", ":countTokens")
+
+
+def _known(path: str) -> bool:
+    return path in KNOWN_ROUTES or (path.startswith("/v1beta/models/")
+                                    and path.endswith(GEMINI_METHODS))
 
 
 def test_every_call_the_cli_made_is_one_the_simulator_serves(session: CliRun) -> None:
     assert session.requests
-    assert [r.path for r in session.requests if r.path not in KNOWN_ROUTES] == []
+    assert [r.path for r in session.requests if not _known(r.path)] == []
+    # and the simulator, which refuses what the Gemini API refuses, answered every one
+    assert all(line["status"] == 200 for line in session.proxy_lines)
 
 
 def test_every_upstream_request_is_valid(session: CliRun) -> None:
@@ -92,7 +112,7 @@ def test_tools_and_instructions_byte_identical_in_every_request(session: CliRun)
     assert len(session.dumps) == len(upstream)  # one client body per forwarded request
     for client, sent in zip(session.dumps, upstream, strict=True):
         theirs, ours = client["body"], redact_json(sent.body)  # the dumps are redacted
-        for key in ("tools", "system", "instructions"):
+        for key in ("tools", "system", "instructions", "systemInstruction"):
             assert ours.get(key) == theirs.get(key), key
         kept_client = [m for m in dialect.messages_of(theirs) if dialect.is_kept(m)]
         kept_sent = [m for m in dialect.messages_of(ours) if dialect.is_kept(m)]
@@ -199,10 +219,11 @@ def test_no_credential_in_any_log(session: CliRun) -> None:
     assert session.debug_dir is not None
     files = b"".join(p.read_bytes() for p in Path(session.debug_dir).iterdir())
     status = orjson.dumps(session.status)
-    for key in (DUMMY_ANTHROPIC_KEY, DUMMY_OPENAI_KEY):
+    for key in (DUMMY_ANTHROPIC_KEY, DUMMY_OPENAI_KEY, DUMMY_GEMINI_KEY):
         assert key not in session.log_text
         assert key.encode() not in files
         assert key.encode() not in status
-    sent_keys = {r.headers.get("x-api-key") or r.headers.get("authorization", "")
-                 for r in session.dialect_requests}
-    assert any(DUMMY_ANTHROPIC_KEY in k or DUMMY_OPENAI_KEY in k for k in sent_keys)
+    sent_keys = {r.headers.get("x-api-key") or r.headers.get("x-goog-api-key")
+                 or r.headers.get("authorization", "") for r in session.dialect_requests}
+    assert any(DUMMY_ANTHROPIC_KEY in k or DUMMY_OPENAI_KEY in k or DUMMY_GEMINI_KEY in k
+               for k in sent_keys)

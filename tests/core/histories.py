@@ -30,8 +30,8 @@ Plan = list[tuple[int, list[int], int]]
 
 
 def build(dialect: str, plan: Plan, task: str = "Fix the bug in src/app.py.") -> list[Any]:
-    return {"openai_chat": _chat, "anthropic": _anthropic, "openai_responses": _responses}[
-        dialect](plan, task)
+    return {"openai_chat": _chat, "anthropic": _anthropic, "openai_responses": _responses,
+            "gemini": _gemini}[dialect](plan, task)
 
 
 def _chat(plan: Plan, task: str) -> list[Any]:
@@ -94,6 +94,32 @@ def _responses(plan: Plan, task: str) -> list[Any]:
         if human or not results:
             msgs.append({"type": "message", "role": "user",
                          "content": [{"type": "input_text", "text": text(human or 8, k + 100)}]})
+    return msgs
+
+
+def _gemini(plan: Plan, task: str) -> list[Any]:
+    """Gemini CLI's shape: a thought summary on every other step, the signature on each
+    step's first call, all of a step's function responses in one user content."""
+    msgs: list[Any] = [{"role": "user", "parts": [{"text": task}]}]
+    for k, (tlen, results, human) in enumerate(plan):
+        parts: list[Any] = []
+        if k % 2 == 0:
+            parts.append({"text": text(40, k), "thought": True})
+        if tlen:
+            parts.append({"text": text(tlen, k)})
+        calls = [{"functionCall": {"id": f"bash_{k}_{j}", "name": "bash",
+                                   "args": {"cmd": text(30, k + j)}}}
+                 for j in range(len(results))]
+        if calls:
+            calls[0]["thoughtSignature"] = f"c2lnLXt7a319LQ{k}=="
+        msgs.append({"role": "model", "parts": parts + calls or [{"text": "ok"}]})
+        if results:
+            msgs.append({"role": "user", "parts": [
+                {"functionResponse": {"id": f"bash_{k}_{j}", "name": "bash",
+                                      "response": {"output": text(rlen, k * 3 + j)}}}
+                for j, rlen in enumerate(results)]})
+        if human or not results:
+            msgs.append({"role": "user", "parts": [{"text": text(human or 8, k + 100)}]})
     return msgs
 
 

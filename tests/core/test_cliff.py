@@ -11,7 +11,7 @@ from agentcompact.strategies._cliff import DEFAULT_LEVELS, CliffStrategy, render
 
 from .histories import build
 
-DIALECTS = ["openai_chat", "anthropic", "openai_responses"]
+DIALECTS = ["openai_chat", "anthropic", "openai_responses", "gemini"]
 PLAN = [(60, [1500, 200], 0), (2500, [3000], 80), (0, [800, 800, 800], 0)] * 4
 
 

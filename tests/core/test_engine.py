@@ -26,7 +26,7 @@ from agentcompact.strategies import CliffStrategy
 
 from .histories import build, call_points
 
-DIALECTS = ["openai_chat", "anthropic", "openai_responses"]
+DIALECTS = ["openai_chat", "anthropic", "openai_responses", "gemini"]
 PLAN = [(60, [1500, 200], 0), (40, [3000], 80), (0, [800, 800, 800], 0)] * 8
 
 

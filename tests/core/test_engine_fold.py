@@ -32,7 +32,7 @@ def big_output(engine: Engine, msgs: list[Any]) -> str:
                 if p.kind == "tool_result"), key=len)
 
 
-@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses"])
+@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses", "gemini"])
 def test_newest_output_is_whole_at_the_compaction_and_folded_once_read(dialect: str) -> None:
     archive = MemoryArchive()
     engine = make(dialect, archive)
@@ -54,7 +54,7 @@ def test_newest_output_is_whole_at_the_compaction_and_folded_once_read(dialect: 
     assert all(r == [] for r in reasons[at + 2:])  # once
 
 
-@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses"])
+@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses", "gemini"])
 def test_the_fold_lands_near_the_target_and_saves_tokens(dialect: str) -> None:
     engine = make(dialect)
     msgs = build(dialect, PLAN)
@@ -69,7 +69,7 @@ def test_the_fold_lands_near_the_target_and_saves_tokens(dialect: str) -> None:
     assert results[at + 1].tokens_after <= 2_000 * 1.5
 
 
-@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses"])
+@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses", "gemini"])
 def test_replay_equals_incremental_with_a_fold(dialect: str) -> None:
     engine = make(dialect)
     msgs = build(dialect, PLAN)
@@ -121,7 +121,7 @@ def test_an_entry_round_trips_its_folds() -> None:
                                   if k != "length"}).key_length == 5  # stored before
 
 
-@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses"])
+@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses", "gemini"])
 def test_a_retry_of_the_compacting_call_after_the_fold_still_sends_the_output_whole(
         dialect: str) -> None:
     """A client retrying the request that compacted (an overloaded upstream, a dropped
@@ -188,7 +188,7 @@ def test_a_codex_output_of_content_items_is_folded_and_expands_to_its_original()
     assert expand(archive, handle_of(big), 0, 100_000).text == big
 
 
-@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses"])
+@pytest.mark.parametrize("dialect", ["anthropic", "openai_chat", "openai_responses", "gemini"])
 def test_every_handle_truncate_names_is_of_a_text_truncation_texts_gives(dialect: str) -> None:
     """What the archive holds for a message the engine may truncate is what the marker
     names: each handle in ``truncate``'s output is the handle of one of the message's

@@ -28,7 +28,7 @@ from agentcompact.dialects import Dialect
 
 from .histories import build, call_points
 
-DIALECTS = ["openai_chat", "anthropic", "openai_responses"]
+DIALECTS = ["openai_chat", "anthropic", "openai_responses", "gemini"]
 PLAN = [(60, [1500, 200], 0), (40, [3000], 80), (0, [800, 800, 800], 0)] * 8
 
 
@@ -213,6 +213,24 @@ def test_stores_without_a_version_give_the_same_results(name: str) -> None:
 
 
 EDGE = {
+    "gemini": [
+        {"role": "user", "parts": [{"text": ""}]},
+        {"parts": [{"text": "no role"}, {"inlineData": {"mimeType": "image/png", "data": "AA"}},
+                   {"file_data": {"fileUri": "gs://x"}}, "not a part"]},
+        {"role": "user", "parts": None},
+        {"role": "user", "parts": [
+            {"functionResponse": {"name": "read", "response": {"output": "r", "n": 3},
+                                  "parts": [{"inlineData": {"data": "AA"}}]}},
+            {"function_response": {"name": "read", "response": "not an object"}},
+            {"functionResponse": {"name": "read"}}]},
+        {"role": "model", "parts": [
+            {"text": "t", "thought": True}, {"thoughtSignature": "c2ln"},
+            {"functionCall": {"name": "bash"}, "thoughtSignature": "c2ln"},
+            {"function_call": {"id": "x", "name": "f", "args": {"a": 1}}},
+            {"executableCode": {"language": "PYTHON", "code": "print(1)"}},
+            {"codeExecutionResult": {"outcome": "OUTCOME_OK", "output": "1"}},
+            {"x_future_part": {"note": 1}}]},
+    ],
     "anthropic": [
         {"role": "user", "content": ""},
         {"role": None, "content": "x"},

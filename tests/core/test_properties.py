@@ -21,7 +21,7 @@ turn = st.tuples(
     st.sampled_from([0, 0, 0, 60]),
 )
 plans = st.lists(turn, min_size=1, max_size=18)
-dialects = st.sampled_from(["openai_chat", "anthropic", "openai_responses"])
+dialects = st.sampled_from(["openai_chat", "anthropic", "openai_responses", "gemini"])
 budgets = st.tuples(st.integers(800, 6000), st.floats(0.2, 1.0))
 
 

@@ -18,7 +18,7 @@ from tests.integrations.conftest import Collector
 turn = st.tuples(st.integers(0, 900), st.lists(st.integers(0, 4000), max_size=3),
                  st.sampled_from([0, 0, 0, 80, 3000]))
 plans = st.lists(turn, min_size=2, max_size=16)
-dialects = st.sampled_from(["openai_chat", "anthropic", "openai_responses"])
+dialects = st.sampled_from(["openai_chat", "anthropic", "openai_responses", "gemini"])
 
 
 def expanded(archive: Any, handle: str) -> str:

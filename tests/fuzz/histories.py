@@ -9,7 +9,8 @@ middle of a conversation, pinned text; and shapes the code does not model or mod
 rarely (``extra``): a block, part or item type of no known kind, carrying ``UNMODELLED``
 (the invariants require it sent verbatim), and per dialect the rare known ones real agents
 send (redacted thinking and server tool use; Codex's custom and local shell calls; a
-DeepSeek ``reasoning_content``; LangChain content blocks).
+DeepSeek ``reasoning_content``; LangChain content blocks; Gemini's code execution parts and
+snake_case fields, thought signatures on every step or on the first only).
 """
 
 from __future__ import annotations
@@ -251,5 +252,43 @@ def langchain(plan: Plan) -> list[Any]:
     return msgs
 
 
+def gemini(plan: Plan) -> list[Any]:
+    msgs: list[Any] = [{"role": "user", "parts": [{"text": plan.task}]}]
+    for k, turn in enumerate(plan.turns):
+        parts: list[Any] = []
+        if turn.thinking:
+            parts.append({"text": "Let me think. " + turn.text[:80], "thought": True})
+        if turn.extra == "rare":  # server-side code execution, its result in the same content
+            parts.append({"executableCode": {"language": "PYTHON", "code": "print(6 * 7)"}})
+            parts.append({"codeExecutionResult": {"outcome": "OUTCOME_OK", "output": "42"}})
+        if turn.text or turn.odd == "empty":
+            parts.append({"text": _odd_text(turn, turn.text)})
+        for ref in turn.calls:
+            args: Any = {"cmd": ref, "deep": _deep()} if turn.odd == "deep" else {"cmd": ref}
+            key = "function_call" if turn.extra == "rare" else "functionCall"
+            parts.append({key: {"id": ref, "name": "bash", "args": args}})
+        calls = [p for p in parts if "functionCall" in p or "function_call" in p]
+        if calls and (plan.interleaved or k == 0):  # signed on every step, or the first only
+            calls[0]["thoughtSignature"] = f"c2lnLXt7a319LQ{k}=="
+        msgs.append({"role": "model", "parts": parts or [{"text": "ok"}]})
+        answers: list[Any] = []
+        for ref, out in turn.results:
+            response: Any = {"output": out}
+            if turn.odd == "list":
+                response = {"output": out, "lines": out.count("\n"), "ok": True}
+            answers.append({"functionResponse": {"id": ref, "name": "bash", "response": response}})
+        if answers:
+            msgs.append({"role": "user", "parts": answers})
+        if turn.human is not None or not turn.calls:
+            human: list[Any] = [{"text": turn.human or "go on"}]
+            if turn.image:
+                human.append({"inlineData": {"mimeType": "image/png", "data": "AA"}})
+            msgs.append({"role": "user", "parts": human})
+        if turn.extra == "unknown":
+            msgs.append({"role": "user", "parts": [
+                {"text": "see attached"}, {"x_future_part": {"note": UNMODELLED}}]})
+    return msgs
+
+
 RENDER = {"openai_chat": openai_chat, "anthropic": anthropic,
-          "openai_responses": openai_responses, "langchain": langchain}
+          "openai_responses": openai_responses, "langchain": langchain, "gemini": gemini}

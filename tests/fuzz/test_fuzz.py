@@ -22,7 +22,7 @@ from .conftest import PROFILE
 from .histories import RENDER, Plan, plans
 from .invariants import Config, Tally, check_session, dump, make
 
-DIALECTS = ["openai_chat", "anthropic", "openai_responses", "langchain"]
+DIALECTS = ["openai_chat", "anthropic", "openai_responses", "langchain", "gemini"]
 ROOT = Path(__file__).resolve().parents[2]
 
 

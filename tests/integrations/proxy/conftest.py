@@ -106,6 +106,7 @@ def start_proxy(upstream: Upstream) -> Iterator[ProxyFactory]:
     def start(*, plugins: Any = None, store: Any = None, **fields: Any) -> ThreadedServer:
         fields.setdefault("anthropic_upstream", upstream.base_url)
         fields.setdefault("openai_upstream", upstream.base_url)
+        fields.setdefault("gemini_upstream", upstream.base_url)
         fields.setdefault("log_requests", False)
         config = ProxyConfig(**fields)
         app = create_app(config, plugins=plugins if plugins is not None else new_plugin_manager(),
