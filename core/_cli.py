@@ -159,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     argv, debug = _split_debug(sys.argv[1:] if argv is None else list(argv))
     # transformers' import-time advice ("PyTorch was not found…") is noise for a command
     # that only tokenizes; set before any subcommand imports it
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if not os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS"):
+        os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
     parser = build_parser(_command_of(argv))
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "takes_any", False):

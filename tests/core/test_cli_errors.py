@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentcompact._cli import main
-
-TOKENIZER = (Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizers"
-             / "qwen2.5-coder-0.5b-instruct")
+from tests.conftest import QWEN_TOKENIZER as TOKENIZER
 
 
 def _one_line(err: str) -> str:
@@ -26,9 +24,10 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-def _cli(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
     return subprocess.run([sys.executable, "-m", "agentcompact", *args], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **env})
+                          text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("argv", [["export", "--help"],
@@ -163,7 +162,7 @@ def test_export_prints_no_transformers_advice(export_extra: None, tmp_path: Path
                                             {"role": "assistant", "content": "hello"}],
                                "reward": 1.0}))
     done = _cli("export", str(run), "--out", str(tmp_path / "rows"), "--tokenizer",
-                str(TOKENIZER), TRANSFORMERS_NO_ADVISORY_WARNINGS="")
+                str(TOKENIZER))
     assert done.returncode == 0, done.stderr
     assert "PyTorch was not found" not in done.stderr and "[transformers]" not in done.stderr
 
