@@ -3,10 +3,9 @@
 Implementation modules are private (``_x.py``); each public module or package lists what
 users import in ``__all__``. ``PUBLIC`` pins every public module and its exact ``__all__``:
 a new public module, or a name added to or dropped from one, fails here until the change
-is made on purpose (the surface is a promise to users; ``tools/privatize.py`` renames and
-re-points modules). The modules are found on disk and their ``__all__`` read from source,
-so the pins hold without any extra installed; the import checks skip a module whose extra
-is missing.
+is made on purpose (the surface is a promise to users). The modules are found on disk
+and their ``__all__`` read from source, so the pins hold without any extra installed; the
+import checks skip a module whose extra is missing.
 """
 
 from __future__ import annotations
