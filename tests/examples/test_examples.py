@@ -137,3 +137,30 @@ def test_the_recorded_run_exports(simulator: str, tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"exported [1-9]\d* segments of 4 episodes in 1 groups", done.stdout)
+
+
+#: the extras each example's page tells the user to install
+EXTRAS = {
+    "quickstart.py": ["sdk"], "langgraph_agent.py": ["langgraph"],
+    "llamaindex_agent.py": ["llamaindex"], "sdk_openai.py": ["sdk"], "proxy_client.py": [],
+    "rl_record.py": ["sdk", "export"], "expand_dropped.py": ["sdk"],
+    "summary_strategy.py": ["sdk"], "replay.sh": [],
+}
+
+
+def test_each_example_imports_only_what_its_extras_install() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert set(EXTRAS) == set(_files())
+    for name, wanted in EXTRAS.items():
+        installed = {re.split(r"[<>=\[; ]", spec)[0].lower().replace("-", "_")
+                     for extra in wanted for spec in extras[extra]}
+        for module in _third_party(EXAMPLES / name):
+            assert any(dist == module or dist.startswith(f"{module}_") or
+                       dist.replace("_", "") == module.replace("_", "")
+                       or (module == "llama_index" and dist.startswith("llama_index"))
+                       for dist in installed), f"examples/{name} imports {module}: not in {wanted}"
+    assert "llama_index_llms_openai_like" in {
+        re.split(r"[<>=]", s)[0].replace("-", "_") for s in extras["llamaindex"]}
+    assert any(s.startswith("langchain-openai") for s in extras["langgraph"])
