@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._budget import Budget
 from ._cachecost import CacheCost
 from ._engine import Engine
 from ._tokens import MessageMeter
+from .errors import ConfigError
 
-__all__ = ["DemoReport", "demo_session", "run_demo"]
+__all__ = ["DemoReport", "check_settings", "demo_session", "run_demo"]
 
 _FILES = ["src/app/server.py", "src/app/models.py", "src/app/routes/users.py",
           "src/app/routes/orders.py", "tests/test_orders.py", "src/app/db.py",
@@ -98,27 +99,66 @@ class DemoReport:
     full_cached_share: float
     cost_ratio: float
     engine_ms_per_call: float
+    #: the last call: the history it had, and what cliff sent instead
+    history: list[dict[str, Any]] = field(default_factory=list)
+    history_tokens: int = 0
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    sent_tokens: int = 0
+    head_len: int = 0
+
+
+#: the most turns the demo builds (about 2,600 tokens each)
+MAX_TURNS = 2_000
+
+
+def check_settings(trigger: int, turns: int) -> None:
+    """Refuse settings under which the demo would show nothing or mislead."""
+    if not 1 <= turns <= MAX_TURNS:
+        raise ConfigError(f"--turns {turns}: give 1 to {MAX_TURNS:,} turns (default 160)")
+    if trigger < 1:
+        raise ConfigError(f"--trigger {trigger}: give a positive number of tokens "
+                          "(default 60000)")
 
 
 def run_demo(trigger: int = 60_000, turns: int = 160) -> DemoReport:
+    check_settings(trigger, turns)
     messages = demo_session(turns)
     engine = Engine(strategy="cliff", dialect="anthropic", budget=Budget(trigger_tokens=trigger))
+    full = engine.count(messages[:-1])
+    if trigger >= full:
+        raise ConfigError(f"--trigger {trigger:,}: the {turns}-turn session peaks at {full:,} "
+                          "tokens and would never be compacted; give a smaller --trigger "
+                          "or more --turns")
+    report = _replay(messages, engine, trigger)
+    if report.peak_tokens > trigger:
+        enough = -(-int(report.peak_tokens * 1.05) // 1000) * 1000
+        raise ConfigError(f"--trigger {trigger:,} is smaller than the newest turns the engine "
+                          f"always keeps whole (up to {report.peak_tokens:,} tokens here); "
+                          f"give --trigger {enough} or more")
+    return report
+
+
+def _replay(messages: list[dict[str, Any]], engine: Engine, trigger: int) -> DemoReport:
     meter = MessageMeter(engine.counter, engine.dialect)  # digests, for the cache cost
     ours, full = CacheCost(), CacheCost()
     calls = compactions = 0
     spent = 0.0
+    last: Any = None
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         context = messages[:i]
         t0 = time.perf_counter()
-        result = engine.compact(context)
+        last = engine.compact(context)
         spent += time.perf_counter() - t0
         calls += 1
-        compactions += result.compacted
-        sent = meter.measure(result.messages)
+        compactions += last.compacted
+        sent = meter.measure(last.messages)
         ours.add(sent.digests, sent.tokens)
         original = meter.measure(context)
         full.add(original.digests, original.tokens)
     return DemoReport(calls, compactions, ours.peak, full.peak, trigger, ours.cached_share,
-                      full.cached_share, ours.cost / full.cost, spent * 1000 / max(calls, 1))
+                      full.cached_share, ours.cost / full.cost, spent * 1000 / max(calls, 1),
+                      history=messages[:-1], history_tokens=last.tokens_original,
+                      sent=list(last.messages), sent_tokens=last.tokens_after,
+                      head_len=last.head_len)

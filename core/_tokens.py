@@ -17,6 +17,8 @@ cache keys; ``llama-index-core`` ships both files in ``llama_index/core/_static/
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +63,17 @@ class TokenCounter(Protocol):
         ...
 
 
+def _tiktoken_offline(encoding: str, exc: Exception) -> str:
+    """One line for a BPE file tiktoken could neither find in its cache nor download."""
+    cache = (os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+             or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    return (f"tiktoken's {encoding} BPE file is not in its cache ({cache}) and could not be "
+            f"downloaded ({type(exc).__name__}); on a machine online run "
+            f"TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; "
+            f"tiktoken.get_encoding('{encoding}')\", then copy DIR here and set "
+            "TIKTOKEN_CACHE_DIR to it")
+
+
 class TiktokenCounter:
     """tiktoken BPE counting (``o200k_base`` by default: GPT-4o/4.1/5, a fair proxy for
     Claude and most open models)."""
@@ -69,15 +82,15 @@ class TiktokenCounter:
     at_most_utf8_bytes = True
 
     def __init__(self, encoding: str = "o200k_base") -> None:
-        try:
-            import tiktoken
+        import tiktoken
 
+        if encoding not in tiktoken.list_encoding_names():
+            raise TokenizerError(f"unknown tiktoken encoding {encoding!r}; known: "
+                                 f"{', '.join(tiktoken.list_encoding_names())}")
+        try:
             self._enc = tiktoken.get_encoding(encoding)
         except Exception as exc:  # tiktoken raises bare errors when it cannot download
-            raise TokenizerError(
-                f"cannot load tiktoken encoding {encoding!r}: {exc}. Offline? Set "
-                "TIKTOKEN_CACHE_DIR to a folder holding its BPE file (see docs/tokens.md)"
-            ) from exc
+            raise TokenizerError(_tiktoken_offline(encoding, exc)) from exc
         self.name = f"tiktoken:{encoding}"
         # The token ids as one native buffer instead of a list of Python ints (what
         # ``encode_to_numpy`` uses): the same encoding, no int objects to build and free.

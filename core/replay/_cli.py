@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -31,6 +34,16 @@ __all__ = ["add_parser", "default_strategies", "load_sessions", "main", "run"]
 
 _SUFFIXES = (".jsonl", ".json", ".traj")
 _HELP = "replay recorded agent sessions through compaction strategies, side by side"
+_DESCRIPTION = """\
+Replay recorded agent sessions through compaction strategies, side by side: calls,
+compactions, peak context, prompt-cache share, cost, recall of needed context.
+
+  agentcompact replay ~/.claude/projects --report replay.html
+  agentcompact replay runs/ --strategy none,window,cliff --trigger 100000 --json out.json
+
+PATH is a session file or a folder (walked recursively): Claude Code *.jsonl, Codex
+rollouts, mini-swe-agent / SWE-agent trajectories, tau-bench results, plain message JSON.
+See docs/replay.md for the figures."""
 
 
 def default_strategies() -> list[str]:
@@ -43,7 +56,7 @@ def default_strategies() -> list[str]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``replay`` subcommand to an ``argparse`` subparsers object."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "replay", help=_HELP, description=__doc__,
+        "replay", help=_HELP, description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _arguments(parser)
     parser.set_defaults(run=run)
@@ -121,29 +134,64 @@ def _si(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _table(report: ReplayReport) -> Table:
+def _tables(report: ReplayReport) -> list[Table]:
+    """Two tables that each fit 80 columns: what it costs, and what the model keeps."""
     totals = report.totals()
     base = totals.get("none", {}).get("cost_usd")
-    table = Table(title=f"replay of {len(report.trajectories)} sessions · trigger "
-                        f"{report.trigger:,} · prices {report.price.model}")
-    for column in ("strategy", "calls", "compactions", "peak", "input tokens", "cached",
-                   "cost", "vs none", "ms/call", "recall", "+ expand", "user rules",
-                   "errors"):
-        table.add_column(column, justify="left" if column == "strategy" else "right",
-                         no_wrap=True)
+    cost = _new_table(f"replay of {len(report.trajectories)} sessions · trigger "
+                      f"{report.trigger:,} · prices {report.price.model}",
+                      ("calls", "compact.", "peak", "input", "cached", "cost", "×none"))
+    kept = _new_table("what the model still sees",
+                      ("recall", "+expand", "user rules", "ms/call", "errors"))
     for name, t in totals.items():
-        recall = "–" if t["recall"] is None else f"{t['recall']:.1%}"
+        cost.add_row(escape(name), f"{t['calls']:,}", f"{t['compactions']:,}",
+                     _si(t["peak_tokens"]), _si(t["total_input_tokens"]),
+                     f"{t['cached_share']:.1%}", f"${t['cost_usd']:,.2f}",
+                     f"{t['cost_usd'] / base:.2f}" if base else "–")
         expand = t.get("recall_with_expand")
         rules = t.get("user_rules", {}).get("survival")
-        table.add_row(name, f"{t['calls']:,}", f"{t['compactions']:,}", _si(t["peak_tokens"]),
-                      _si(t["total_input_tokens"]), f"{t['cached_share']:.1%}",
-                      f"${t['cost_usd']:,.2f}",
-                      f"{t['cost_usd'] / base:.2f}×" if base else "–",
-                      f"{t['ms_per_call']:.2f}", recall,
-                      "–" if expand is None else f"{expand:.1%}",
-                      "–" if rules is None else f"{rules:.1%}",
-                      f"[red]{t['errors']:,}[/red]" if t["errors"] else "0")
+        kept.add_row(escape(name), _share(t["recall"]), _share(expand), _share(rules),
+                     f"{t['ms_per_call']:.2f}",
+                     f"[red]{t['errors']:,}[/red]" if t["errors"] else "0")
+    return [cost, kept]
+
+
+def _new_table(title: str, columns: tuple[str, ...]) -> Table:
+    table = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False,
+                  title_justify="left")
+    table.add_column("strategy", overflow="fold", max_width=18)
+    for column in columns:
+        table.add_column(column, justify="right", no_wrap=True)
     return table
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+_LEGEND = ("peak: largest context sent · cached: share of input tokens read from the "
+           "provider's prompt cache · ×none: cost against sending every history in full · "
+           "recall: needed items still in context · +expand: or one expand away · user "
+           "rules: rule-like user messages kept · see docs/replay.md")
+
+
+def _fail(line: str, status: int = 2) -> int:
+    print(f"agentcompact replay: {line}", file=sys.stderr)
+    return status
+
+
+def _missing_paths(paths: list[str]) -> str | None:
+    """One line naming the first path that is not there (a broken link says so)."""
+    for name in paths:
+        path = Path(name).expanduser()
+        if path.exists():
+            continue
+        if path.is_symlink():
+            return (f"{name} is a broken symbolic link (to {os.readlink(path)}); give a "
+                    "session file or a folder of them")
+        return (f"{name}: no such file or folder; give a session file or a folder of them "
+                "(e.g. ~/.claude/projects)")
+    return None
 
 
 def _errors(report: ReplayReport) -> dict[str, list[str]]:
@@ -164,30 +212,33 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in strategies if s not in BASELINES and s not in LLM_STRATEGIES
                and s not in registry().strategy_names()]
     if unknown:
-        err.print(f"unknown strategy {', '.join(unknown)}; known: "
-                  f"{', '.join([*BASELINES, *registry().strategy_names()])}")
-        return 2
-    sessions = load_sessions(args.paths, args.dialect,
-                             on_skip=lambda p, r: err.print(f"[dim]skipped {p}: {r}[/dim]"))
+        return _fail(f"unknown strategy {', '.join(unknown)}; known: "
+                     f"{', '.join(dict.fromkeys([*BASELINES, *registry().strategy_names()]))}")
+    missing = _missing_paths(args.paths)
+    if missing:
+        return _fail(missing)
+    sessions = load_sessions(args.paths, args.dialect, on_skip=lambda p, r: err.print(
+        f"skipped {escape(str(p))}: {escape(r)}", style="dim", soft_wrap=True))
     if not sessions:
-        err.print("no sessions found in " + ", ".join(args.paths))
-        return 1
+        return _fail(f"no sessions found in {', '.join(args.paths)}: give Claude Code, Codex, "
+                     "SWE-agent, mini-swe-agent or tau-bench files, or message lists", 1)
     try:
         report = _replay(args, sessions, strategies)
     except AgentCompactError as exc:
-        err.print(f"replay failed: {exc}")
-        return 2
+        return _fail(f"replay failed: {exc}")
     out = Console()
     if not out.is_terminal:
-        out = Console(width=max(out.width, 132))
-    out.print(_table(report))
+        out = Console(width=80)
+    for table in _tables(report):
+        out.print(table)
+    out.print(_LEGEND, style="dim", highlight=False)
     for name, errors in _errors(report).items():
-        err.print(f"[yellow]{name}: {len(errors)} call(s) fell back[/yellow] "
-                  f"(first: {errors[0]}); figures include the fallbacks, see --json")
+        err.print(f"[yellow]{escape(name)}: {len(errors)} call(s) fell back[/yellow] "
+                  f"(first: {escape(errors[0])}); figures include the fallbacks, see --json")
     for name, reason in report.skipped.items():
-        err.print(f"[dim]skipped {name}: {reason}[/dim]")
+        err.print(f"skipped {escape(name)}: {escape(reason)}", style="dim", soft_wrap=True)
     for source, error in report.failures.items():
-        err.print(f"[red]failed[/red] {source}: {error}")
+        err.print(f"[red]failed[/red] {escape(str(source))}: {escape(str(error))}")
     _write(args, report, err)
     return 1 if report.failures and not report.trajectories else 0
 
@@ -223,7 +274,7 @@ def _write(args: argparse.Namespace, report: ReplayReport, err: Console) -> None
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m agentcompact.replay._cli``."""
-    parser = argparse.ArgumentParser(prog="agentcompact replay", description=__doc__,
+    parser = argparse.ArgumentParser(prog="agentcompact replay", description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _arguments(parser)
     return run(parser.parse_args(argv))

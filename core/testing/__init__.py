@@ -3,7 +3,8 @@ tests.
 
 Scripted answers (:class:`Script`, :class:`Reply`), injected faults (:class:`Fault`), a
 latency model (:class:`LatencyModel`), every request recorded; :func:`serve` runs it on a
-loopback port. Tokens are estimated as characters / 4. See ``docs/upstream-sim.md``.
+loopback port; :func:`tool_loop_script` is the model of ``--script tool-loop``. Tokens are
+estimated as characters / 4. See ``docs/upstream-sim.md``.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ from ._script import (
     prompt_text,
     prompt_tokens,
 )
+from ._toolloop import DEFAULT_LOOP_STEPS, ToolLoopModel, tool_loop_script
 
 __all__ = [
     "CLI_BIN_ENV",
     "CliCommand",
+    "DEFAULT_LOOP_STEPS",
     "FAULT_HEADER",
     "Fault",
     "LatencyModel",
@@ -56,6 +59,7 @@ __all__ = [
     "Thinking",
     "ToolCall",
     "ToolLoop",
+    "ToolLoopModel",
     "UpstreamSim",
     "claude_command",
     "codex_command",
@@ -71,6 +75,7 @@ __all__ = [
     "prompt_text",
     "prompt_tokens",
     "serve",
+    "tool_loop_script",
 ]
 
 

@@ -28,6 +28,10 @@ from .export import (
 __all__ = ["add_parser", "main", "run"]
 
 logger = logging.getLogger(__name__)
+_DESCRIPTION = ("Export recorded runs (a folder holding events.jsonl) and agent trajectory "
+                "files (Claude Code, SWE-agent, mini-swe-agent, tau-bench, message lists) as "
+                "one RL training row per compaction segment, for verl, TRL and SkyRL. See "
+                "docs/rl-export.md.")
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
@@ -35,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     """Add the ``export`` subcommand to ``subparsers``; returns its parser."""
     p = subparsers.add_parser(
         "export", help="export runs as RL training rows (Parquet/JSONL)",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=_DESCRIPTION,
     )
     configure(p)
     return p
@@ -103,6 +107,12 @@ def _options(args: argparse.Namespace) -> ExportOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``agentcompact export``; returns the exit status (0 ok, 1 error)."""
+    empty = next((run for run in args.runs if _holds_nothing(Path(run))), None)
+    if empty is not None:
+        print(f"agentcompact export: error: {empty} holds no run: give a folder with the "
+              "recorder's events.jsonl, or trajectory files (.jsonl, .json, .traj)",
+              file=sys.stderr)
+        return 1
     try:
         if args.ray is not None:
             from .ray_export import export_runs_ray
@@ -117,6 +127,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentcompact export: error: {exc}", file=sys.stderr)
         return 1
     c = manifest["counts"]
+    if not c["episodes"]:
+        print(f"agentcompact export: error: no episodes in {', '.join(args.runs)}: the files "
+              "hold no model call (a run is what the recorder writes, or an agent's "
+              "trajectory)", file=sys.stderr)
+        return 1
     print(f"exported {c['segments']} segments of {c['episodes']} episodes in {c['groups']} "
           f"groups ({c['loss_tokens']} loss tokens) to {args.out}")
     for torn in manifest["sources"]["torn_tails"]:
@@ -124,9 +139,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _holds_nothing(path: Path) -> bool:
+    """A folder with neither an ``events.jsonl`` nor any trajectory file in it."""
+    if not path.is_dir() or (path / "events.jsonl").is_file():
+        return False
+    return not any(p.is_file() and p.name.endswith((".jsonl", ".json", ".traj"))
+                   for p in path.rglob("*"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m agentcompact.trajectory._export_cli RUN... --out DIR --tokenizer T``."""
-    parser = argparse.ArgumentParser(prog="agentcompact export", description=__doc__)
+    parser = argparse.ArgumentParser(prog="agentcompact export", description=_DESCRIPTION)
     configure(parser)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return run(parser.parse_args(argv))

@@ -239,6 +239,18 @@ class _Hard:
     pattern: re.Pattern[str] | None
 
 
+def _check_tokenizer_path(name: str) -> None:
+    """A file, or a path that is not there, named where a tokenizer folder belongs."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        raise TokenizerError(f"tokenizer {name!r} is a file; give the folder holding it "
+                             f"({path.parent}), or a Hugging Face model name")
+    looks_local = path.is_absolute() or name.startswith((".", "~")) or name.count("/") > 1
+    if looks_local and not path.exists():
+        raise TokenizerError(f"tokenizer folder {name!r} does not exist; give a folder holding "
+                             "tokenizer.json, or a Hugging Face model name")
+
+
 class ChatTokenizer:
     """The trainer's tokenizer and chat template, with the hashes rows record.
 
@@ -285,10 +297,14 @@ class ChatTokenizer:
             raise TokenizerError("export needs transformers: pip install agentcompact[export]"
                                  ) from exc
         name = str(name_or_path)
+        _check_tokenizer_path(name)
         try:
             tok = AutoTokenizer.from_pretrained(name)
         except (OSError, ValueError) as exc:
-            raise TokenizerError(f"cannot load tokenizer {name!r}: {exc}") from exc
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TokenizerError(f"cannot load tokenizer {name!r}: {first} (give the trainer's "
+                                 "Hugging Face model name, or a local folder holding its "
+                                 "tokenizer.json and tokenizer_config.json)") from exc
         return cls(tok, name)
 
     def _tokenizer_sha256(self, name: str) -> str:

@@ -79,7 +79,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
            "sqlite in --state-dir")
     a("--state-dir", metavar="DIR",
       help="folder of the default store (default $AGENTCOMPACT_STATE_DIR or ~/.agentcompact)")
-    a("--log-level", default="INFO", help="logging level (default INFO)")
+    a("--log-level", default="INFO", type=_log_level, metavar="LEVEL",
+      help=f"logging level: {', '.join(_LEVELS)} (default INFO)")
     a("--keep-memory", type=int, default=KEEP_MEMORY_MIB, metavar="MIB",
       help="freed memory the allocator keeps for the next large body instead of returning "
            f"it, in MiB (default {KEEP_MEMORY_MIB}; 0: the allocator's defaults; glibc "
@@ -115,21 +116,24 @@ def run(args: argparse.Namespace) -> int:
     """Serve the proxy until interrupted; returns the exit status."""
     import uvicorn
 
+    from .._threaded_server import listening_socket
     from ._app import create_app
 
     _setup_logging(getattr(args, "log_level", "INFO"))
     try:
         config = build_config(args)
         app = create_app(config)
+        sock = listening_socket(config.host, config.port)  # before announcing the address
     except AgentCompactError as exc:
         print(f"agentcompact proxy: {exc}", file=sys.stderr)
         return 2
     start_up(config.trigger, args)
     mode = "shadow" if config.shadow else ("strict" if config.strict else "active")
     log.info("agentcompact proxy on http://%s:%d (%s, strategy=%s, trigger=%d tokens)",
-             config.host, config.port, mode, config.strategy, config.trigger)
-    uvicorn.run(app, host=config.host, port=config.port, log_config=None,
-                log_level="warning", access_log=False)
+             config.host, sock.getsockname()[1], mode, config.strategy, config.trigger)
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning",
+                                           access_log=False))
+    server.run(sockets=[sock])
     return 0
 
 
@@ -153,6 +157,17 @@ def warn_small_trigger(trigger: int) -> None:
                     "prompt, tools and instructions that compaction keeps; a trigger below "
                     "%d leaves them little room (see docs/proxy.md)", trigger,
                     HARNESS_FIXED_TOKENS // 1000, 2 * HARNESS_FIXED_TOKENS)
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _log_level(value: str) -> str:
+    """``--log-level``, checked while parsing (logging would raise at start-up)."""
+    if value.upper() not in _LEVELS:
+        raise argparse.ArgumentTypeError(f"unknown level {value!r}; use one of "
+                                         f"{', '.join(_LEVELS)}")
+    return value.upper()
 
 
 def _setup_logging(level: str) -> None:

@@ -44,6 +44,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "override), run CMD in the foreground and stop the proxy after. The "
                     "exit status is CMD's. Example: agentcompact run --trigger 150000 -- claude")
     _add_arguments(p)
+    for action in p._actions:  # the same flag as the proxy's, with run's own default
+        if action.dest == "port":
+            action.help = "port (default 0: any free port)"
     p.add_argument("--log-file", metavar="PATH",
                    help="write the proxy's log (one JSON line per request) here (mode 0600)")
     p.add_argument("--codex-env-key", default="OPENAI_API_KEY", metavar="VAR",
@@ -151,8 +154,9 @@ def _start(args: argparse.Namespace) -> _Running:
     from .._threaded_server import ThreadedServer
     from ._app import create_app
 
-    app = create_app(build_config(args))
-    return _Running(ThreadedServer(app).start(), app.proxy)
+    config = build_config(args)
+    app = create_app(config)
+    return _Running(ThreadedServer(app, config.host, config.port).start(), app.proxy)
 
 
 def _foreground(argv: list[str], env: dict[str, str]) -> int:

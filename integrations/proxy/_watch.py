@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         status = _fetch(opener, args.url)
     except (OSError, ValueError) as exc:
-        print(f"agentcompact watch: no proxy status at {args.url} ({type(exc).__name__})",
+        print(f"agentcompact watch: no proxy status at {args.url} ({type(exc).__name__}): "
+              "start one (agentcompact proxy), or give its address with --url",
               file=sys.stderr)
         return 1
     if args.once:

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from agentcompact._cli import main
@@ -9,6 +12,37 @@ def test_demo_prints_figures(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--turns", "60", "--trigger", "20000"]) == 0
     out = capsys.readouterr().out
     assert "compactions" in out and "cached-prefix share" in out and "×" in out
+
+
+def test_demo_explains_each_figure_shows_an_excerpt_and_what_next(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "demo.json"
+    assert main(["demo", "--turns", "60", "--trigger", "20000", "--save", str(saved)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines if str(saved) not in line) <= 80
+    for figure in ("model calls", "compactions", "peak context", "trigger",
+                   "cached-prefix share", "input cost", "engine time"):
+        assert any(line.startswith(f"{figure}: ") for line in lines), figure
+    kept = next(line for line in lines if line.startswith("  kept      user"))
+    assert "Fix the failing order tests" in kept
+    assert any(line.startswith("  compacted user      [agentcompact: earlier turns compacted]")
+               for line in lines)
+    assert "agentcompact replay ~/.claude/projects --report replay.html" in out
+    assert "``" not in out
+    session = json.loads(saved.read_text())
+    assert session[0]["role"] == "user" and len(session) == 122
+    assert main(["replay", str(saved), "--strategy", "cliff", "--trigger", "20000",
+                 "--quiet"]) == 0
+
+
+def test_help_texts_carry_no_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["demo", "--help"], ["replay", "--help"], ["export", "--help"]):
+        with pytest.raises(SystemExit):
+            if main(argv) == 2:  # export without its extra: the one line naming it
+                raise SystemExit(2)
+        out = capsys.readouterr().out
+        assert "``" not in out and ":class:" not in out, argv
 
 
 def test_demo_stays_under_trigger_and_costs_less() -> None:

@@ -49,10 +49,7 @@ def test_examples_import_only_public_names(page: Path) -> None:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_python_m_runs_public_modules(page: Path) -> None:
-    # lines marked "privatize: keep" name an old path on purpose (the migration notes)
-    text = "\n".join(line for line in page.read_text().splitlines()
-                     if "privatize: keep" not in line)
-    for module in RUN_MODULE.findall(text):
+    for module in RUN_MODULE.findall(page.read_text()):
         runnable = module in MODULES and (f"{module}.__main__" in MODULES
                                           or not MODULES[module].name == "__init__.py")
         assert module in PUBLIC and runnable, f"{page.name}: python -m {module}"

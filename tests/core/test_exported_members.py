@@ -3,10 +3,9 @@
 Implementation modules are private (``_x.py``); each public module or package lists what
 users import in ``__all__``. ``PUBLIC`` pins every public module and its exact ``__all__``:
 a new public module, or a name added to or dropped from one, fails here until the change
-is made on purpose (the surface is a promise to users; ``tools/privatize.py`` renames and
-re-points modules). The modules are found on disk and their ``__all__`` read from source,
-so the pins hold without any extra installed; the import checks skip a module whose extra
-is missing.
+is made on purpose (the surface is a promise to users). The modules are found on disk
+and their ``__all__`` read from source, so the pins hold without any extra installed; the
+import checks skip a module whose extra is missing.
 """
 
 from __future__ import annotations
@@ -99,12 +98,13 @@ PUBLIC: dict[str, list[str]] = {
     "agentcompact.strategies": ["CliffLevel", "CliffStrategy", "CompactionRequest",
         "DEFAULT_LEVELS", "DEFAULT_PROMPT", "ParallelStrategy", "Rendered", "Strategy",
         "SummaryStrategy"],
-    "agentcompact.testing": ["CLI_BIN_ENV", "CliCommand", "FAULT_HEADER", "Fault", "LatencyModel",
-        "RecordedRequest", "Reply", "Responder", "RunningServer", "Script", "SimTokenizer",
-        "Step", "Thinking", "ToolCall", "ToolLoop", "UpstreamSim", "claude_command",
-        "codex_command", "create_app", "digest_reply", "echo_reply", "estimate_tokens",
-        "filler_text", "find_cli", "gemini_command", "last_user_text", "logprob_of",
-        "prompt_text", "prompt_tokens", "serve"],
+    "agentcompact.testing": ["CLI_BIN_ENV", "CliCommand", "DEFAULT_LOOP_STEPS", "FAULT_HEADER",
+        "Fault", "LatencyModel", "RecordedRequest", "Reply", "Responder", "RunningServer",
+        "Script", "SimTokenizer", "Step", "Thinking", "ToolCall", "ToolLoop", "ToolLoopModel",
+        "UpstreamSim", "claude_command", "codex_command", "create_app", "digest_reply",
+        "echo_reply", "estimate_tokens", "filler_text", "find_cli", "gemini_command",
+        "last_user_text", "logprob_of", "prompt_text", "prompt_tokens", "serve",
+        "tool_loop_script"],
     "agentcompact.trajectory": ["CompactionMark", "DIALECTS", "FORMATS", "SampledTokens",
         "SkipHandler", "Trajectory", "UNSUPPORTED_FORMATS", "detect_format", "group_by_task",
         "import_trajectories", "iter_trajectories", "load", "read_events", "tau_bench_groups"],

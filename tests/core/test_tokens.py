@@ -93,6 +93,7 @@ def test_message_size_includes_overhead_and_images() -> None:
 
 @pytest.mark.skipif(not QWEN_TOKENIZER.exists(), reason=f"absent: {QWEN_TOKENIZER}")
 def test_hf_counter() -> None:
+    pytest.importorskip("transformers", reason="needs the hf extra")
     counter = make_counter(f"hf:{QWEN_TOKENIZER}")
     assert counter.count_texts(["def f(x):\n    return x"])[0] > 3
 

@@ -178,5 +178,26 @@ def test_llm_strategy_fallbacks_are_shown_and_summarizer_options_reach_it(
     figures, printed, requests = runs["failing"]
     assert requests and figures["totals"]["summary"]["errors"] >= 1
     assert "summary: " in printed.err and "fell back" in printed.err
-    row = next(line for line in printed.out.splitlines() if line.lstrip("│ ").startswith("summary"))
-    assert row.rstrip(" │").split()[-1] == str(figures["totals"]["summary"]["errors"])
+    # the errors column ends the second table ("what the model still sees")
+    rows = [line for line in printed.out.splitlines() if line.split()[:1] == ["summary"]]
+    assert len(rows) == 2
+    assert rows[-1].split()[-1] == str(figures["totals"]["summary"]["errors"])
+
+
+def test_the_tables_fit_80_columns_and_hints_keep_their_brackets(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cliffcompaction.engine", None)  # not installed
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"messages": SESSION}))
+    assert main([str(plain), "--strategy", "none,window,cliff,cliffcompaction", "--trigger",
+                 "300", "--counter", "chars", "--quiet"]) == 0
+    printed = capsys.readouterr()
+    lines = printed.out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in printed.out  # nothing cut to fit
+    for name in ("none", "window", "cliff"):
+        assert sum(line.split()[:1] == [name] for line in lines) == 2
+    assert "pip install 'agentcompact[bench]'" in printed.err
