@@ -44,6 +44,15 @@ SHOWS = {
     "replay.sh": r"cliff +\d+ +[1-9]",
     "summary_strategy.py": r"summary compaction: [\d,]+ -> [\d,]+ tokens",
 }
+#: examples that start their own simulated provider, each run (and compared with its guide)
+#: by the tests of its integration
+SELF_CONTAINED = {
+    "adk_callback.py": "tests/integrations/test_host_examples.py",
+    "litellm_callback.py": "tests/integrations/test_host_examples.py",
+    "openai_agents_filter.py": "tests/integrations/test_host_examples.py",
+    "pydantic_ai_capability.py": "tests/integrations/test_host_examples.py",
+    "gemini_proxy.py": "tests/integrations/test_gemini_example.py",
+}
 INCLUDE = re.compile(r"<!-- example: examples/([\w.]+) -->\n```\w*\n(.*?)^```", re.M | re.S)
 SIM_URL = re.compile(r"on (http://127\.0\.0\.1:\d+)")
 
@@ -53,7 +62,10 @@ def _files() -> list[str]:
 
 
 def test_every_example_is_shown_and_checked() -> None:
-    assert sorted(SHOWN.values()) == _files() == sorted(SHOWS)
+    assert sorted(SHOWN.values()) == sorted(SHOWS)
+    assert sorted([*SHOWN.values(), *SELF_CONTAINED]) == _files()
+    for name, test in SELF_CONTAINED.items():
+        assert name in (ROOT / test).read_text(encoding="utf-8"), f"{test} does not run {name}"
 
 
 @pytest.mark.parametrize("page", sorted(SHOWN))
@@ -104,7 +116,7 @@ def _command(name: str, sim: str) -> list[str]:
     return [sys.executable, path]
 
 
-@pytest.mark.parametrize("name", _files())
+@pytest.mark.parametrize("name", sorted(SHOWS))
 def test_the_example_runs_and_shows_a_compaction(name: str, simulator: str,
                                                  tmp_path: Path) -> None:
     for module in _third_party(EXAMPLES / name):
@@ -145,7 +157,15 @@ EXTRAS = {
     "llamaindex_agent.py": ["llamaindex"], "sdk_openai.py": ["sdk"], "proxy_client.py": [],
     "rl_record.py": ["sdk", "export"], "expand_dropped.py": ["sdk"],
     "summary_strategy.py": ["sdk"], "replay.sh": [],
+    "litellm_callback.py": ["litellm", "testing"],
+    "openai_agents_filter.py": ["openai-agents", "testing"],
+    "pydantic_ai_capability.py": ["pydantic-ai", "testing"],
+    "adk_callback.py": ["adk", "testing"], "gemini_proxy.py": ["proxy"],
 }
+#: import names that differ from their distribution's
+DISTRIBUTION = {"agents": "openai_agents"}
+#: the client a page tells the user to install beside the extras
+CLIENTS = {"gemini_proxy.py": ["google-genai"]}
 
 
 def test_each_example_imports_only_what_its_extras_install() -> None:
@@ -154,12 +174,18 @@ def test_each_example_imports_only_what_its_extras_install() -> None:
         "optional-dependencies"]
     assert set(EXTRAS) == set(_files())
     for name, wanted in EXTRAS.items():
+        specs = [spec for extra in wanted for spec in extras[extra]] + CLIENTS.get(name, [])
         installed = {re.split(r"[<>=\[; ]", spec)[0].lower().replace("-", "_")
-                     for extra in wanted for spec in extras[extra]}
+                     for spec in specs}
+        # a dependency's own extras (pydantic-ai-slim[openai]) install those packages too
+        installed |= {extra.strip().lower().replace("-", "_") for spec in specs
+                      for extra in re.findall(r"\[([^\]]+)\]", spec)[0:1]
+                      for extra in extra.split(",")}
         for module in _third_party(EXAMPLES / name):
             assert any(dist == module or dist.startswith(f"{module}_") or
                        dist.replace("_", "") == module.replace("_", "")
                        or (module == "llama_index" and dist.startswith("llama_index"))
+                       or DISTRIBUTION.get(module) == dist
                        for dist in installed), f"examples/{name} imports {module}: not in {wanted}"
     assert "llama_index_llms_openai_like" in {
         re.split(r"[<>=]", s)[0].replace("-", "_") for s in extras["llamaindex"]}
