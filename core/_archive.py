@@ -26,6 +26,7 @@ The backends are the prefix store's (``agentcompact.stores``), selected by the s
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -277,6 +278,9 @@ class SQLiteArchive(SharedArchive):
 _open: dict[str, SharedArchive] = {}
 _open_lock = threading.Lock()
 _URL_SCHEMES = ("sqlite:", "redis:", "rediss:", "unix:")
+#: a string of this shape is a URL, never a file name: an unknown scheme is refused
+#: (``postgres://…`` must not become a SQLite file named after the URL)
+_URL_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
 
 
 def open_archive(spec: object) -> Archive | None:
@@ -284,14 +288,16 @@ def open_archive(spec: object) -> Archive | None:
     URL opens one ``SharedArchive`` per file (or URL) and process, shared by every strategy
     naming it.
 
-    :raises StoreError: a store URL that does not parse (as ``store_from_url``).
+    :raises StoreError: a store URL that does not parse (as ``store_from_url``), or a
+        string shaped as a URL (``scheme://…``) whose scheme is not a store's.
     """
     if spec is False:
         return None
     if spec is None or spec == ":memory:" or (
             isinstance(spec, str) and spec.partition(":")[0].lower() == "memory"):
         return MemoryArchive()
-    if isinstance(spec, str) and spec.lower().startswith(_URL_SCHEMES):
+    if isinstance(spec, str) and (spec.lower().startswith(_URL_SCHEMES)
+                                  or _URL_LIKE.match(spec)):
         from .stores import backend_from_url
 
         with _open_lock:

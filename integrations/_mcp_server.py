@@ -31,7 +31,7 @@ from typing import Any
 
 from .._archive import open_archive
 from .._expand import DEFAULT_PAGE_CHARS
-from ..stores import default_store_url
+from ..stores import check_store_url, default_store_url
 from .expand_tools import EXPAND_DESCRIPTION, SEARCH_DESCRIPTION, _functions
 
 __all__ = ["add_parser", "build_server", "run"]
@@ -79,8 +79,14 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Serve until stdin closes.
+
+    :raises StoreError: ``--store`` is not a store URL (no scheme, an unknown one such as
+        ``postgres://``, a malformed one such as ``rediss:/h:1``, an unknown option): the
+        message names the accepted forms; nothing is created.
+    """
     where = args.archive or args.store or default_store_url(args.state_dir)
-    if where.partition(":")[0].lower() == "memory":
+    if not args.archive and check_store_url(where) == "memory":
         print("agentcompact mcp: a memory store is the proxy's own; give the proxy a "
               "sqlite:// or redis:// --store (or --archive PATH)", file=sys.stderr)
         return 2

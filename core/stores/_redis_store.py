@@ -27,11 +27,13 @@ server lost its data) the caller re-reads every key (``SCAN``).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
+from ..errors import StoreError
 from ._shared import ArchiveRow
 
 __all__ = ["RedisBackend"]
@@ -79,24 +81,34 @@ class RedisBackend:
         try:
             import redis
         except ImportError as exc:  # pragma: no cover - the extra is missing
-            from ..errors import StoreError
-
             raise StoreError("a redis:// store needs the 'redis' extra: "
                              "pip install 'agentcompact[redis]'") from exc
+        from . import _option, check_store_url
+
+        scheme = check_store_url(url)
         parts = urlsplit(url)
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         self.prefix = query.pop("prefix", prefix)
-        self.ttl = int(query.pop("ttl", ttl))
-        self.log_max = int(query.pop("log_max", log_max))
-        timeout = float(query.pop("timeout", timeout))
-        rest = "&".join(f"{k}={v}" for k, v in query.items())
+        self.ttl = _option(scheme, "ttl", query.pop("ttl", str(ttl)), int, 0)
+        self.log_max = _option(scheme, "log_max", query.pop("log_max", str(log_max)), int, 1)
+        timeout = _option(scheme, "timeout", query.pop("timeout", str(timeout)), float, 0.001)
+        rest = urlencode(query)
         host = parts.hostname or ""
         netloc = host if parts.port is None else f"{host}:{parts.port}"
-        self._where = urlunsplit((parts.scheme, netloc, parts.path, "", ""))  # no password
+        self._where = f"{parts.scheme}://{netloc}{parts.path}"  # no password
         self.errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
-        self._redis: Any = redis.Redis.from_url(
-            urlunsplit(parts._replace(query=rest)), socket_timeout=timeout,
-            socket_connect_timeout=timeout, health_check_interval=30)
+        # the query replaced in the URL as given (``urlunsplit`` would turn unix:///path
+        # into unix:/path, which redis-py refuses)
+        target = url.partition("?")[0] + ("?" + rest if rest else "")
+        try:
+            self._redis: Any = redis.Redis.from_url(
+                target, socket_timeout=timeout, socket_connect_timeout=timeout,
+                health_check_interval=30)
+        except ValueError:  # redis-py's own URL checks (an option's value)
+            raise StoreError(f"{scheme} store URL: a redis-py option's value does not "
+                             "parse") from None
+        _check_options(scheme, self._redis.connection_pool,
+                       [k for k, v in query.items() if not v])
         self._changes = self._redis.register_script(_CHANGES)
         self._archive = self._redis.register_script(_ARCHIVE)
         self._alog = f"{self.prefix}alog"
@@ -185,6 +197,26 @@ class RedisBackend:
 
     def close(self) -> None:
         self._redis.close()
+
+
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+_OURS = "prefix, ttl, log_max, timeout, cache_entries, retry_after, max_staleness"
+
+
+def _check_options(scheme: str, pool: Any, blank: list[str]) -> None:
+    """Refuse, at start, a query option redis-py passes on to its connections and they
+    do not take (``?bogus=1``): building one connection object (no I/O) raises the
+    ``TypeError`` every request would otherwise fail with. Options left blank
+    (``?tll=``), which redis-py skips, are tried by name too: a misspelt option is an
+    error, not a setting silently lost."""
+    try:
+        pool.connection_class(**{**{k: None for k in blank}, **pool.connection_kwargs})
+    except TypeError as exc:
+        found = _UNEXPECTED.search(str(exc))
+        name = repr(found.group(1)) if found else "in the query"
+        raise StoreError(f"{scheme} store URL: unknown option {name}; agentcompact's are "
+                         f"{_OURS}, the rest redis-py's connection options "
+                         "(socket_keepalive, health_check_interval…)") from None
 
 
 def _utf8(text: str) -> bytes:
