@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
 import inspect
 import itertools
@@ -40,6 +41,7 @@ from typing import Any, ParamSpec
 import pluggy
 import xxhash
 
+from ._archive import handles_keyed
 from ._budget import Budget
 from ._events import CompactionEvent, DroppedItem, new_id
 from ._fixed import FixedTokens
@@ -609,29 +611,37 @@ class Engine:
     # mode) must not chain the StopIteration, whose value holds the whole history.
     # A DialectError names the message it is about by index and type (found again on
     # this error path only, so the hot path pays nothing for it).
+    # Handles made during a call (skim lines, truncation markers) are keyed by the
+    # tenant of the strategy's archive, if it has one (``agentcompact._archive``).
     def _drive(self, messages: Sequence[Any], gen: _Pipeline) -> CompactionResult:
-        try:
-            step = next(gen)
-            while True:
-                step = gen.send(self._render_sync(*step))
-        except StopIteration as stop:
-            outcome: _Outcome = stop.value
-        except DialectError:
-            self._name_bad_message(messages)
-            raise
-        return self._finish(outcome)
+        with self._handles():
+            try:
+                step = next(gen)
+                while True:
+                    step = gen.send(self._render_sync(*step))
+            except StopIteration as stop:
+                outcome: _Outcome = stop.value
+            except DialectError:
+                self._name_bad_message(messages)
+                raise
+            return self._finish(outcome)
 
     async def _adrive(self, messages: Sequence[Any], gen: _Pipeline) -> CompactionResult:
-        try:
-            step = next(gen)
-            while True:
-                step = gen.send(await self._render_async(*step))
-        except StopIteration as stop:
-            outcome: _Outcome = stop.value
-        except DialectError:
-            self._name_bad_message(messages)
-            raise
-        return self._finish(outcome)
+        with self._handles():
+            try:
+                step = next(gen)
+                while True:
+                    step = gen.send(await self._render_async(*step))
+            except StopIteration as stop:
+                outcome: _Outcome = stop.value
+            except DialectError:
+                self._name_bad_message(messages)
+                raise
+            return self._finish(outcome)
+
+    def _handles(self) -> contextlib.AbstractContextManager[None]:
+        key = getattr(getattr(self._strategy, "archive", None), "handle_key", None)
+        return handles_keyed(key) if key is not None else contextlib.nullcontext()
 
     # --- rendering: one rung of the fallback chain ----------------------------------
     def _strategy_for(self, rung: str) -> Any:

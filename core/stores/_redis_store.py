@@ -12,7 +12,9 @@ Keys, under a namespace (``agentcompact:`` by default):
 - ``<ns>a:<handle>`` — an archived original (``agentcompact._archive``): a hash of its text
   ``t`` and skim line ``s`` (UTF-8, lone surrogates kept), with the same TTL;
 - ``<ns>alog`` — the handles archived, oldest first (the last ``log_max``): what
-  ``search_dropped`` reads, newest first.
+  ``search_dropped`` reads, newest first;
+- ``<ns>t:<tenant>:a:<handle>``, ``<ns>t:<tenant>:alog`` — the same for a tenant's
+  archive (``agentcompact._tenants``): each tenant's originals and log apart.
 
 Prefix keys (``e:``) and handles (``a:``, always ``ac-`` and 12 hex digits) never collide.
 An archive write is one Lua script: each new handle's hash, its TTL and its place in the
@@ -111,7 +113,6 @@ class RedisBackend:
                        [k for k, v in query.items() if not v])
         self._changes = self._redis.register_script(_CHANGES)
         self._archive = self._redis.register_script(_ARCHIVE)
-        self._alog = f"{self.prefix}alog"
         self._seq, self._log = f"{self.prefix}seq", f"{self.prefix}log"
         self._epoch_key = f"{self.prefix}epoch"
         self._epoch: bytes | None = None  # the epoch the last ``changes`` saw (b"": none)
@@ -149,34 +150,41 @@ class RedisBackend:
         return seq, found
 
     # --- archived originals -------------------------------------------------------
-    def archive_put(self, rows: Sequence[ArchiveRow]) -> None:
+    # A tenant's keys live under ``<ns>t:<tenant>:`` (``scope``): its own hashes and log,
+    # so a Redis ACL key pattern can confine a tenant's credentials to them.
+    def _archive_ns(self, scope: str) -> str:
+        return f"{self.prefix}t:{scope}:" if scope else self.prefix
+
+    def archive_put(self, rows: Sequence[ArchiveRow], scope: str = "") -> None:
         """Store the rows whose handle is new (one script: atomic)."""
         if not rows:
             return
-        keys = [self.prefix + "a:" + handle for handle, _, _ in rows]
-        args: list[Any] = [self.ttl, self.log_max, self._alog]
+        ns = self._archive_ns(scope)
+        keys = [ns + "a:" + handle for handle, _, _ in rows]
+        args: list[Any] = [self.ttl, self.log_max, ns + "alog"]
         for handle, text, skim in rows:
             args += [_utf8(text), _utf8(skim), handle]
         self._archive(keys=keys, args=args)
 
-    def archive_get(self, handle: str) -> ArchiveRow | None:
-        text, skim = self._redis.hmget(self.prefix + "a:" + handle, "t", "s")
+    def archive_get(self, handle: str, scope: str = "") -> ArchiveRow | None:
+        text, skim = self._redis.hmget(self._archive_ns(scope) + "a:" + handle, "t", "s")
         return None if text is None else (handle, _text(text), _text(skim or b""))
 
-    def archive_search(self, query: str, limit: int) -> list[ArchiveRow]:
-        """Rows whose text contains ``query`` case-insensitively, most recent first: the
-        log read newest first in batches, the texts matched here (the server has no
-        case-insensitive substring search)."""
+    def archive_search(self, query: str, limit: int, scope: str = "") -> list[ArchiveRow]:
+        """Rows of ``scope`` whose text contains ``query`` case-insensitively, most recent
+        first: its log read newest first in batches, the texts matched here (the server
+        has no case-insensitive substring search)."""
+        ns = self._archive_ns(scope)
         needle, end = query.casefold(), -1
         found: list[ArchiveRow] = []
         seen: set[bytes] = set()
         while len(found) < limit:
-            handles = self._redis.lrange(self._alog, end - _SEARCH_BATCH + 1, end)
+            handles = self._redis.lrange(ns + "alog", end - _SEARCH_BATCH + 1, end)
             if not handles:
                 break
             with self._redis.pipeline(transaction=False) as pipe:
                 for h in reversed(handles):
-                    pipe.hmget(self.prefix + "a:" + h.decode(), "t", "s")
+                    pipe.hmget(ns + "a:" + h.decode(), "t", "s")
                 answers = pipe.execute()
             for h, (text, skim) in zip(reversed(handles), answers):
                 if h in seen:  # archived again after its hash expired
@@ -189,8 +197,8 @@ class RedisBackend:
             end -= _SEARCH_BATCH
         return found[:max(0, limit)]
 
-    def archive_count(self) -> int:
-        return int(self._redis.llen(self._alog))
+    def archive_count(self, scope: str = "") -> int:
+        return int(self._redis.llen(self._archive_ns(scope) + "alog"))
 
     def describe(self) -> str:
         return self._where

@@ -76,6 +76,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
            "sqlite in --state-dir")
     a("--state-dir", metavar="DIR",
       help="folder of the default store (default $AGENTCOMPACT_STATE_DIR or ~/.agentcompact)")
+    a("--tenancy", choices=("auto", "credential", "single"),
+      help="scope the store, archive and handles per tenant: credential (by API key), "
+           "single (one person), auto (default: credential once --store or --archive is "
+           "given); secret: $AGENTCOMPACT_TENANT_SECRET (docs/deploy.md)")
+    a("--tenant-header", metavar="NAME",
+      help="a header naming the tenant, set by a gateway in front (instead of the API key)")
     a("--log-level", default="INFO", help="logging level (default INFO)")
     a("--keep-memory", type=int, default=KEEP_MEMORY_MIB, metavar="MIB",
       help="freed memory the allocator keeps for the next large body instead of returning "
@@ -88,7 +94,8 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
     overrides = {k: getattr(args, k, None) for k in (
         "host", "port", "strategy", "trigger", "target", "counter", "anthropic_upstream",
         "openai_upstream", "record", "shadow", "strict", "debug_dir", "reactive",
-        "max_sessions", "log_requests", "store", "state_dir", "archive")}
+        "max_sessions", "log_requests", "store", "state_dir", "archive", "tenancy",
+        "tenant_header")}
     options = _options(getattr(args, "strategy_option", None) or [])
     if options:
         overrides["strategy_options"] = options

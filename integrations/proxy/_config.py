@@ -61,6 +61,15 @@ class ProxyConfig:
     :param archive: a SQLite file for the archive of dropped originals instead of the
         store's (``strategy_options["archive"]``); ``agentcompact mcp --archive`` serves
         expand from it.
+    :param tenancy: how requests are scoped into tenants (``agentcompact._tenants``):
+        ``credential`` (by the request's API key), ``single`` (one person's proxy), or
+        ``auto`` (the default: ``credential`` once ``store`` or ``archive`` is given —
+        a store others may share —, else ``single``).
+    :param tenant_header: a header naming the tenant (set by a gateway in front that
+        authenticates users); overrides the credential.
+    :param tenant_secret: the key of the tenants' keyed hashes (environment only:
+        ``AGENTCOMPACT_TENANT_SECRET``; the same on every replica and for
+        ``agentcompact mcp``).
     """
 
     host: str = "127.0.0.1"
@@ -84,6 +93,9 @@ class ProxyConfig:
     store: str | None = None
     state_dir: str | None = None
     archive: str | None = None
+    tenancy: str = "auto"
+    tenant_header: str | None = None
+    tenant_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.archive and "archive" not in self.strategy_options:
@@ -102,6 +114,12 @@ class ProxyConfig:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{name} must be an http(s) URL, got {url!r}")
             setattr(self, name, url.rstrip("/"))
+
+    def shares_store(self) -> bool:
+        """Whether a store or archive others may share was given (``tenancy="auto"``
+        then scopes by credential)."""
+        memory = self.store is not None and self.store.partition(":")[0].lower() == "memory"
+        return (self.store is not None and not memory) or self.archive is not None
 
     def store_url(self) -> str:
         """``store``, or the default SQLite file in ``state_dir``."""

@@ -137,18 +137,22 @@ def error_body(dialect: str | None, status: int, message: str, *, code: str | No
 
 
 def session_key(dialect: Dialect, body: Mapping[str, Any], headers: Mapping[str, str],
-                messages: Sequence[Any]) -> str:
+                messages: Sequence[Any], tenant: str = "") -> str:
     """A short stable id for the conversation a request belongs to.
 
     The client's own session id wins (a session header; Claude Code's ``metadata.user_id``,
     a JSON string holding ``session_id`` or the older ``…_session_<uuid>`` form; Codex's
     ``prompt_cache_key``); otherwise the digest of the history's root: the system prompt
     and the messages up to the first user message. Hashed, so account and device ids the
-    client puts beside its session id never appear in logs or the status page.
+    client puts beside its session id never appear in logs or the status page. A
+    ``tenant`` id scopes it: two tenants sending the same session id (or the same root)
+    are two sessions, with engines and prefix-store keys of their own.
     """
     source = _client_session(body, headers)
     if source is None:
         source = "root:" + _root_digest(dialect, body, messages)
+    if tenant:
+        source = f"tenant:{tenant}\x00{source}"
     return hashlib.blake2b(source.encode(), digest_size=8).hexdigest()
 
 
