@@ -184,3 +184,32 @@ def test_a_tenant_secret_changes_every_id_and_handle() -> None:
     assert tenant_of(KEY_A) == plain and tenant_of(KEY_B).id != plain.id
     assert KEY_A not in repr(plain) and repr(plain.handle_key) not in repr(plain)
     assert len(plain.id) == 16 and orjson.dumps(plain.id)
+
+
+def test_mcp_takes_the_tenant_of_the_agents_credential(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mcp", reason="the 'mcp' extra is not installed")
+    from agentcompact.errors import ConfigError
+    from agentcompact.integrations._mcp_server import tenant_from_env
+
+    assert tenant_from_env({"ANTHROPIC_API_KEY": KEY_A}) == tenant_of(KEY_A)
+    assert tenant_from_env({"OPENAI_API_KEY": "sk-o", "AGENTCOMPACT_TENANT": KEY_B}) == \
+        tenant_of(KEY_B)  # the explicit one first
+    assert tenant_from_env({"ANTHROPIC_API_KEY": KEY_A, "AGENTCOMPACT_TENANT_SECRET": "s"}) \
+        == tenant_of(KEY_A, "s")
+    with pytest.raises(ConfigError, match="AGENTCOMPACT_TENANT") as info:
+        tenant_from_env({})
+    assert "\n" not in str(info.value)
+    # a shared store and no credential: refused before serving anything
+    from agentcompact._cli import main
+
+    for name in ("AGENTCOMPACT_TENANT", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN",
+                 "OPENAI_API_KEY", "AGENTCOMPACT_TENANCY"):
+        monkeypatch.delenv(name, raising=False)
+    try:  # raised, or said in one line by a top-level handler of the command
+        code = main(["mcp", "--store", f"sqlite:///{tmp_path}/store.sqlite"])
+    except ConfigError as exc:
+        assert "scoped per tenant" in str(exc)
+    else:
+        assert code != 0 and "scoped per tenant" in capsys.readouterr().err
