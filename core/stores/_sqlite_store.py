@@ -203,9 +203,13 @@ class SQLiteBackend:
         """Rows of ``scope`` whose text contains ``query`` case-insensitively, most recent
         first."""
         lo, hi = _range(scope)
+        # a tenant's rows: the handle index's range; the single tenant's (most rows, or
+        # all): newest first in table order, stopping at ``limit`` (``+`` keeps SQLite off
+        # the index, which would read every row and sort them)
+        column = "handle" if scope else "+handle"
         with self._lock:
             rows = self._db.execute(
-                "SELECT handle, text, skim FROM dropped WHERE handle >= ? AND handle < ? "
+                f"SELECT handle, text, skim FROM dropped WHERE {column} >= ? AND {column} < ? "
                 "AND instr(casefold(text), ?) > 0 ORDER BY seq DESC LIMIT ?",
                 (lo, hi, _utf8(query.casefold()), max(0, limit))).fetchall()
         return [(r[0][len(lo):] if scope else r[0], _str(r[1]), _str(r[2])) for r in rows]
