@@ -113,6 +113,7 @@ class RedisBackend:
                        [k for k, v in query.items() if not v])
         self._changes = self._redis.register_script(_CHANGES)
         self._archive = self._redis.register_script(_ARCHIVE)
+        self._alog = f"{self.prefix}alog"  # the single tenant's archive log
         self._seq, self._log = f"{self.prefix}seq", f"{self.prefix}log"
         self._epoch_key = f"{self.prefix}epoch"
         self._epoch: bytes | None = None  # the epoch the last ``changes`` saw (b"": none)
