@@ -25,6 +25,7 @@ from ._redact import redact
 from ._settings import StrategySettings
 from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore
 from ._summarizer import Summarizer, SummaryOutput
+from ._tenants import SINGLE_TENANT, Tenant, tenant_of
 from ._tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter
 from ._turns import Turns, split_turns, validate
 from .dialects._base import Dialect, Part
@@ -86,6 +87,7 @@ __all__ = [
     "PrefixStore",
     "ProxyError",
     "Rendered",
+    "SINGLE_TENANT",
     "SQLiteArchive",
     "SearchHit",
     "SegmentRowError",
@@ -97,6 +99,7 @@ __all__ = [
     "SummarizerOverflow",
     "SummaryCall",
     "SummaryOutput",
+    "Tenant",
     "TiktokenCounter",
     "TokenCounter",
     "TokenizerError",
@@ -121,5 +124,6 @@ __all__ = [
     "redact",
     "search_dropped",
     "split_turns",
+    "tenant_of",
     "validate",
 ]

@@ -16,6 +16,15 @@ The backends are the prefix store's (``agentcompact.stores``), selected by the s
   and can be read by another process (the MCP server reads the proxy's archive).
 * :class:`MemoryArchive` — a dict, for tests and in-process agents that need no file.
 
+**Tenants** (:mod:`agentcompact._tenants`): an archive several users share is read and
+written through one tenant's view, ``archive.for_tenant(tenant)`` (:class:`TenantArchive`):
+its items are stored under the tenant's scope (Redis keys ``<ns>t:<tenant>:a:<handle>``
+and ``<ns>t:<tenant>:alog``, SQLite rows keyed ``t:<tenant>:<handle>``), ``get`` and
+``search`` see that scope only, and its handles are keyed by the tenant's ``handle_key``
+(``handle_of`` under :func:`handles_keyed`: a keyed BLAKE2b instead of the content
+digest), so a handle says nothing about its text and names nothing in another tenant.
+The single tenant's view is the archive itself (no scope, content-digest handles).
+
 ``open_archive(spec)`` turns a strategy setting into an archive: a path (``str`` or
 ``Path``) opens a SQLite file, a store URL (``sqlite:///PATH``, ``redis://HOST:PORT``, as
 ``--store``) the archive beside that store's prefixes (:class:`SharedArchive`),
@@ -25,16 +34,21 @@ The backends are the prefix store's (``agentcompact.stores``), selected by the s
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import xxhash
 
+from ._tenants import Tenant
 from .errors import ArchiveError, ConfigError
 from .stores._shared import FAILED, FailOpen
 from .stores._sqlite_store import SQLiteBackend
@@ -46,7 +60,10 @@ __all__ = [
     "MemoryArchive",
     "SQLiteArchive",
     "SharedArchive",
+    "TenantArchive",
+    "current_handle_key",
     "handle_of",
+    "handles_keyed",
     "is_handle",
     "open_archive",
 ]
@@ -55,10 +72,43 @@ HANDLE_PREFIX = "ac-"
 _HANDLE_HEX = 12  # 48 bits: no collision expected among a few million archived parts
 
 
+#: the key of the handles made now (``handles_keyed``): the engine sets its tenant's
+#: around each call, so the strategy's skim lines and the dialect's truncation markers
+#: name the same handles the archive stores
+_HANDLE_KEY: ContextVar[bytes | None] = ContextVar("agentcompact_handle_key", default=None)
+
+
 def handle_of(text: str) -> str:
-    """The handle of ``text``: ``ac-`` and the first 12 hex digits of its xxh3-64 digest."""
-    digest = xxhash.xxh3_64_hexdigest(text.encode("utf-8", "surrogatepass"))
-    return HANDLE_PREFIX + digest[:_HANDLE_HEX]
+    """The handle of ``text``: ``ac-`` and 12 hex digits — of its xxh3-64 digest, or, under
+    :func:`handles_keyed` with a tenant's key, of its keyed BLAKE2b (48 bits either way)."""
+    data = text.encode("utf-8", "surrogatepass")
+    key = _HANDLE_KEY.get()
+    if key is None:
+        return HANDLE_PREFIX + xxhash.xxh3_64_hexdigest(data)[:_HANDLE_HEX]
+    return HANDLE_PREFIX + hashlib.blake2b(data, key=key, digest_size=_HANDLE_HEX // 2
+                                           ).hexdigest()
+
+
+@contextmanager
+def handles_keyed(key: bytes | None) -> Iterator[None]:
+    """Within the block, ``handle_of`` makes handles keyed by ``key`` (a tenant's
+    ``handle_key``; ``None``: content digests)."""
+    token = _HANDLE_KEY.set(key)
+    try:
+        yield
+    finally:
+        _HANDLE_KEY.reset(token)
+
+
+def current_handle_key() -> bytes | None:
+    """The key ``handle_of`` uses now (``None``: content digests)."""
+    return _HANDLE_KEY.get()
+
+
+def _scoped(scope: str, handle: str) -> str:
+    """Where an item of ``scope`` (a tenant id; ``""``: none) is kept: its handle, under
+    the tenant's prefix (handles start with ``ac-``, so the two never collide)."""
+    return f"t:{scope}:{handle}" if scope else handle
 
 
 def is_handle(value: str) -> bool:
@@ -103,30 +153,74 @@ def _check_item(item: ArchivedItem) -> None:
 
 
 class MemoryArchive:
-    """An archive in a dict (lost with the process)."""
+    """An archive in a dict (lost with the process); ``scope`` keeps tenants apart
+    (:meth:`for_tenant`)."""
 
     def __init__(self) -> None:
-        self._items: dict[str, ArchivedItem] = {}
+        self._scopes: dict[str, dict[str, ArchivedItem]] = {}
         self._lock = threading.Lock()
 
-    def put_many(self, items: Iterable[ArchivedItem]) -> None:
+    def put_many(self, items: Iterable[ArchivedItem], scope: str = "") -> None:
         with self._lock:
+            found = self._scopes.setdefault(scope, {})
             for item in items:
                 _check_item(item)
-                self._items.setdefault(item.handle, item)
+                found.setdefault(item.handle, item)
 
-    def get(self, handle: str) -> ArchivedItem | None:
-        return self._items.get(handle)
+    def get(self, handle: str, scope: str = "") -> ArchivedItem | None:
+        return self._scopes.get(scope, {}).get(handle)
 
-    def search(self, query: str, limit: int = 10) -> list[ArchivedItem]:
+    def search(self, query: str, limit: int = 10, scope: str = "") -> list[ArchivedItem]:
         needle = query.casefold()
         with self._lock:
-            items = list(self._items.values())
+            items = list(self._scopes.get(scope, {}).values())
         hits = [it for it in reversed(items) if needle in it.text.casefold()]
         return hits[:max(0, limit)]
 
+    def for_tenant(self, tenant: Tenant) -> Archive:
+        """``tenant``'s view (this archive itself for the single tenant)."""
+        return self if tenant.id == "" else TenantArchive(self, tenant)
+
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._scopes.get("", {}))
+
+
+class TenantArchive:
+    """One tenant's view of a shared archive (``MemoryArchive`` or ``SharedArchive``):
+    what it puts, gets and searches is in the tenant's scope only, and its
+    ``handle_key`` keys the handles the engine makes for it (module docstring)."""
+
+    def __init__(self, base: MemoryArchive | SharedArchive, tenant: Tenant) -> None:
+        self.base, self.tenant = base, tenant
+
+    @property
+    def handle_key(self) -> bytes | None:
+        return self.tenant.handle_key
+
+    def handle_of(self, text: str) -> str:
+        """The handle this tenant's compactions give ``text``."""
+        with handles_keyed(self.tenant.handle_key):
+            return handle_of(text)
+
+    def put_many(self, items: Iterable[ArchivedItem]) -> None:
+        self.base.put_many(items, self.tenant.id)
+
+    def get(self, handle: str) -> ArchivedItem | None:
+        return self.base.get(handle, self.tenant.id)
+
+    def search(self, query: str, limit: int = 10) -> list[ArchivedItem]:
+        return self.base.search(query, limit, self.tenant.id)
+
+    def status(self) -> dict[str, Any] | None:
+        status = getattr(self.base, "status", None)
+        return status() if callable(status) else None
+
+    def __len__(self) -> int:
+        return self.base.count(self.tenant.id) if isinstance(self.base, SharedArchive) \
+            else len(self.base._scopes.get(self.tenant.id, {}))
+
+    def __repr__(self) -> str:
+        return f"TenantArchive({self.base!r}, {self.tenant!r})"
 
 
 _CACHE_ITEMS = 512
@@ -150,70 +244,85 @@ class SharedArchive:
     def __init__(self, backend: Any, *, retry_after: float = 5.0) -> None:
         self.backend = backend
         self._lock = threading.RLock()
+        # keyed by ``_scoped(scope, handle)``: tenants' items never meet here either
         self._recent: OrderedDict[str, ArchivedItem] = OrderedDict()
         self._recent_chars = 0
         self._written: OrderedDict[str, None] = OrderedDict()
-        self._pending: OrderedDict[str, ArchivedItem] = OrderedDict()
+        self._pending: OrderedDict[str, tuple[str, ArchivedItem]] = OrderedDict()
         self._guard = FailOpen(backend, "archive", "keeping dropped originals in this "
                                "process", retry_after, lambda: len(self._pending))
         self._stats = {"written": 0, "written_back": 0, "fetched": 0}
 
-    def put_many(self, items: Iterable[ArchivedItem]) -> None:
+    def for_tenant(self, tenant: Tenant) -> Archive:
+        """``tenant``'s view (this archive itself for the single tenant)."""
+        return self if tenant.id == "" else TenantArchive(self, tenant)
+
+    def put_many(self, items: Iterable[ArchivedItem], scope: str = "") -> None:
         batch: dict[str, ArchivedItem] = {}
         for item in items:
             _check_item(item)
-            batch.setdefault(item.handle, item)
+            batch.setdefault(_scoped(scope, item.handle), item)
         with self._lock:
             if self._pending:
                 self._write_back()
-            new = [it for h, it in batch.items()
-                   if h not in self._written and h not in self._pending]
-            for item in new:
-                self._remember(item)
+            new = [(k, it) for k, it in batch.items()
+                   if k not in self._written and k not in self._pending]
+            for key, item in new:
+                self._remember(key, item)
             if not new:
                 return
-            if self._guard.call("archive_put", [_row(it) for it in new]) is FAILED:
-                for item in new:
-                    self._pending[item.handle] = item
+            if self._guard.call("archive_put", [_row(it) for _, it in new], scope) is FAILED:
+                for key, item in new:
+                    self._pending[key] = (scope, item)
                 while len(self._pending) > _MAX_PENDING:
                     self._pending.popitem(last=False)
                 return
             self._stats["written"] += len(new)
-            self._mark_written(it.handle for it in new)
+            self._mark_written(k for k, _ in new)
 
-    def get(self, handle: str) -> ArchivedItem | None:
+    def get(self, handle: str, scope: str = "") -> ArchivedItem | None:
+        key = _scoped(scope, handle)
         with self._lock:
-            hit = self._recent.get(handle) or self._pending.get(handle)
+            waiting = self._pending.get(key)
+            hit = self._recent.get(key) or (waiting[1] if waiting else None)
             if hit is not None:
                 return hit
-            row = self._guard.call("archive_get", handle)
+            row = self._guard.call("archive_get", handle, scope)
             if row is FAILED or row is None:
                 return None
             self._stats["fetched"] += 1
             item = ArchivedItem(*row)
-            self._remember(item)
+            self._remember(key, item)
             return item
 
-    def search(self, query: str, limit: int = 10) -> list[ArchivedItem]:
+    def search(self, query: str, limit: int = 10, scope: str = "") -> list[ArchivedItem]:
         if not query:
             return []
         limit = max(0, limit)
         needle = query.casefold()
         with self._lock:
-            found = [it for it in reversed(self._pending.values())
-                     if needle in it.text.casefold()]
-            rows = self._guard.call("archive_search", query, limit)
+            found = [it for s, it in reversed(self._pending.values())
+                     if s == scope and needle in it.text.casefold()]
+            rows = self._guard.call("archive_search", query, limit, scope)
             if rows is FAILED:  # what this process holds
-                rows = [_row(it) for it in reversed(self._recent.values())
-                        if needle in it.text.casefold()]
+                rows = [_row(it) for k, it in reversed(self._recent.items())
+                        if k == _scoped(scope, it.handle) and needle in it.text.casefold()]
         seen = {it.handle for it in found}
         found += [ArchivedItem(*r) for r in rows if r[0] not in seen]
         return found[:limit]
 
-    def __len__(self) -> int:
+    def count(self, scope: str = "") -> int:
+        """Items stored in ``scope`` (what this process holds while the backend is away)."""
         with self._lock:
-            count = self._guard.call("archive_count")
-            return len(self._pending) + (len(self._recent) if count is FAILED else count)
+            count = self._guard.call("archive_count", scope)
+            pending = sum(1 for s, _ in self._pending.values() if s == scope)
+            if count is FAILED:
+                count = sum(1 for k, it in self._recent.items()
+                            if k == _scoped(scope, it.handle))
+            return int(pending + count)
+
+    def __len__(self) -> int:
+        return self.count()
 
     def status(self) -> dict[str, Any]:
         """Counters for a status page: backend, availability, failures, writes."""
@@ -231,24 +340,29 @@ class SharedArchive:
         self.backend.close()
 
     def _write_back(self) -> None:
-        items = list(self._pending.values())
-        if self._guard.call("archive_put", [_row(it) for it in items]) is FAILED:
-            return
-        self._pending.clear()
-        self._stats["written_back"] += len(items)
-        self._mark_written(it.handle for it in items)
+        by_scope: dict[str, list[tuple[str, ArchivedItem]]] = {}
+        for key, (scope, item) in self._pending.items():
+            by_scope.setdefault(scope, []).append((key, item))
+        for scope, waiting in by_scope.items():
+            rows = [_row(it) for _, it in waiting]
+            if self._guard.call("archive_put", rows, scope) is FAILED:
+                return
+            for key, _ in waiting:
+                del self._pending[key]
+            self._stats["written_back"] += len(waiting)
+            self._mark_written(k for k, _ in waiting)
 
-    def _mark_written(self, handles: Iterable[str]) -> None:
-        for handle in handles:
-            self._written[handle] = None
+    def _mark_written(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._written[key] = None
         while len(self._written) > _WRITTEN:
             self._written.popitem(last=False)
 
-    def _remember(self, item: ArchivedItem) -> None:
-        old = self._recent.pop(item.handle, None)
+    def _remember(self, key: str, item: ArchivedItem) -> None:
+        old = self._recent.pop(key, None)
         if old is not None:
             self._recent_chars -= len(old.text)
-        self._recent[item.handle] = item
+        self._recent[key] = item
         self._recent_chars += len(item.text)
         while len(self._recent) > 1 and (len(self._recent) > _CACHE_ITEMS
                                          or self._recent_chars > _CACHE_CHARS):
@@ -277,6 +391,9 @@ class SQLiteArchive(SharedArchive):
 _open: dict[str, SharedArchive] = {}
 _open_lock = threading.Lock()
 _URL_SCHEMES = ("sqlite:", "redis:", "rediss:", "unix:")
+#: a string of this shape is a URL, never a file name: an unknown scheme is refused
+#: (``postgres://…`` must not become a SQLite file named after the URL)
+_URL_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
 
 
 def open_archive(spec: object) -> Archive | None:
@@ -284,14 +401,16 @@ def open_archive(spec: object) -> Archive | None:
     URL opens one ``SharedArchive`` per file (or URL) and process, shared by every strategy
     naming it.
 
-    :raises StoreError: a store URL that does not parse (as ``store_from_url``).
+    :raises StoreError: a store URL that does not parse (as ``store_from_url``), or a
+        string shaped as a URL (``scheme://…``) whose scheme is not a store's.
     """
     if spec is False:
         return None
     if spec is None or spec == ":memory:" or (
             isinstance(spec, str) and spec.partition(":")[0].lower() == "memory"):
         return MemoryArchive()
-    if isinstance(spec, str) and spec.lower().startswith(_URL_SCHEMES):
+    if isinstance(spec, str) and (spec.lower().startswith(_URL_SCHEMES)
+                                  or _URL_LIKE.match(spec)):
         from .stores import backend_from_url
 
         with _open_lock:

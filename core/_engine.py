@@ -16,7 +16,8 @@
   the budget for any strategy, and stores only what passed;
 - **fail-open**: a strategy that raises or fails a check yields the cliff result, then a
   plain safe cut, then the uncompacted history — every rung validated; the errors and the
-  rung go to ``on_compaction`` (no message content), never the context;
+  rung go to ``on_compaction`` (no message content), never the context; an observer
+  that raises is warned about and does not undo the stored compaction (``_report``);
 - **deterministic**; the caller's list and messages are never mutated; kept messages are
   passed through by reference.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
 import inspect
 import itertools
@@ -39,6 +41,7 @@ from typing import Any, ParamSpec
 import pluggy
 import xxhash
 
+from ._archive import handles_keyed
 from ._budget import Budget
 from ._events import CompactionEvent, DroppedItem, new_id
 from ._fixed import FixedTokens
@@ -418,6 +421,7 @@ class Engine:
         self._fixed = FixedTokens(self._counter, getattr(self._dialect, "fixed_keys", None))
         self._warned = False
         self._warned_fixed = False
+        self._failed_observers: set[str] = set()
         self._min_budget = _min_budget(self._strategy)
         self._plugins_key: tuple[Any, ...] | None = None
         #: the pin hook's answer for each message asked about, by identity (with the
@@ -604,33 +608,40 @@ class Engine:
 
     # --- driving a pipeline: the only difference between the sync and async APIs -------
     # ``_finish`` runs outside the ``except StopIteration``: an error it raises (strict
-    # mode, a raising ``on_compaction`` plugin) must not chain the StopIteration, whose
-    # value holds the whole history.
+    # mode) must not chain the StopIteration, whose value holds the whole history.
     # A DialectError names the message it is about by index and type (found again on
     # this error path only, so the hot path pays nothing for it).
+    # Handles made during a call (skim lines, truncation markers) are keyed by the
+    # tenant of the strategy's archive, if it has one (``agentcompact._archive``).
     def _drive(self, messages: Sequence[Any], gen: _Pipeline) -> CompactionResult:
-        try:
-            step = next(gen)
-            while True:
-                step = gen.send(self._render_sync(*step))
-        except StopIteration as stop:
-            outcome: _Outcome = stop.value
-        except DialectError:
-            self._name_bad_message(messages)
-            raise
-        return self._finish(outcome)
+        with self._handles():
+            try:
+                step = next(gen)
+                while True:
+                    step = gen.send(self._render_sync(*step))
+            except StopIteration as stop:
+                outcome: _Outcome = stop.value
+            except DialectError:
+                self._name_bad_message(messages)
+                raise
+            return self._finish(outcome)
 
     async def _adrive(self, messages: Sequence[Any], gen: _Pipeline) -> CompactionResult:
-        try:
-            step = next(gen)
-            while True:
-                step = gen.send(await self._render_async(*step))
-        except StopIteration as stop:
-            outcome: _Outcome = stop.value
-        except DialectError:
-            self._name_bad_message(messages)
-            raise
-        return self._finish(outcome)
+        with self._handles():
+            try:
+                step = next(gen)
+                while True:
+                    step = gen.send(await self._render_async(*step))
+            except StopIteration as stop:
+                outcome: _Outcome = stop.value
+            except DialectError:
+                self._name_bad_message(messages)
+                raise
+            return self._finish(outcome)
+
+    def _handles(self) -> contextlib.AbstractContextManager[None]:
+        key = getattr(getattr(self._strategy, "archive", None), "handle_key", None)
+        return handles_keyed(key) if key is not None else contextlib.nullcontext()
 
     # --- rendering: one rung of the fallback chain ----------------------------------
     def _strategy_for(self, rung: str) -> Any:
@@ -1182,8 +1193,7 @@ class Engine:
         failed = None
         if events:
             compacted = any(e.fallback != "none" for e in events)
-            for event in events:                                              # report
-                self._pm.hook.agentcompact_on_compaction(event=event)
+            self._report(events)                                              # report
             failed = next((e for e in events if e.error), None)
         if failed is not None and not self._warned:
             self._warned = True
@@ -1201,6 +1211,41 @@ class Engine:
             over_budget=over, event=events[-1] if events else None, events=events,
             head_len=entry.head_len if entry else 0, cut=entry.cut if entry else 0,
         )
+
+    def _report(self, events: Sequence[CompactionEvent]) -> None:
+        """Each event to every ``on_compaction`` observer, each observer on its own.
+
+        The compaction was validated and stored before any observer runs, and it is what
+        the caller sends: an observer that raises cannot undo it. So it does not stop the
+        call (the result, the store, the caller's counters and the other observers — a
+        recorder — all see the same compaction); it is warned about once per engine and
+        plugin, by type only (its message may quote the history)."""
+        hook = self._pm.hook.agentcompact_on_compaction
+        impls = hook.get_hookimpls()
+        if not impls:
+            return
+        plugins = list(dict.fromkeys(impl.plugin for impl in reversed(impls)))  # call order
+        callers = [(plugin, hook if len(plugins) == 1 else self._pm.subset_hook_caller(
+            "agentcompact_on_compaction", [p for p in plugins if p is not plugin]))
+            for plugin in plugins]
+        for event in events:
+            for plugin, caller in callers:
+                try:
+                    caller(event=event)
+                except Exception as exc:
+                    self._observer_failed(plugin, exc)
+
+    def _observer_failed(self, plugin: object, exc: Exception) -> None:
+        name = self._pm.get_name(plugin)
+        if not name or name == str(id(plugin)):  # registered without a name
+            name = type(plugin).__qualname__
+        if name in self._failed_observers:
+            return
+        self._failed_observers.add(name)
+        log.warning("agentcompact: plugin %s failed in agentcompact_on_compaction (%s); the "
+                    "compaction stands (validated, stored and sent) and the other observers "
+                    "got it; later failures of this plugin in this engine are not logged",
+                    name, describe_error(exc))
 
     # --- measuring and lookup ---------------------------------------------------------
     def _name_bad_message(self, msgs: Sequence[Any]) -> None:

@@ -165,6 +165,10 @@ def agentcompact_on_compaction(event: CompactionEvent) -> None:
     ``None``, ``"cliff"``, ``"safe"`` or ``"none"``). Errors go here, never into the
     context, and never carry message content.
 
+    Called after the compaction is validated and stored: an implementation that raises
+    cannot undo it. The engine warns once (by exception type) and goes on — the result,
+    the store and the other observers all see the compaction.
+
     :param event: the compaction event.
     """
 

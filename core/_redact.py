@@ -1,35 +1,56 @@
 """The one redaction policy for every file agentcompact writes (event logs, debug dumps, logs).
 
-A value is replaced by :data:`REDACTED` when its **key** names a secret, at any depth of
-nested dicts and lists (lists of ``[name, value]`` header pairs included). Keys are compared
-case-insensitively with ``-`` and ``_`` removed (``X-Api-Key`` = ``x_api_key`` = ``xapikey``).
-
-A key is secret when, so normalised, it
+**Fields.** A value is replaced by :data:`REDACTED` when its **key** names a secret or an
+identifier of an account or device, at any depth of nested dicts and lists (lists of
+``[name, value]`` header pairs included). Keys are compared case-insensitively with ``-``
+and ``_`` removed (``X-Api-Key`` = ``x_api_key`` = ``xapikey``). A key is secret when, so
+normalised, it
 
 * is one of :data:`SECRET_KEYS` — ``authorization``, ``proxyauthorization``, ``cookie``,
   ``setcookie``, ``credentials``, ``credential``, ``passwd``, ``password``, ``secret``,
-  ``apikey``, ``xapikey``, ``privatekey``, ``accountid``, ...; or
+  ``apikey``, ``xapikey``, ``privatekey``, ``accountid``, ``accountuuid``, ``deviceid``, ...; or
 * ends with one of :data:`SECRET_SUFFIXES` — ``apikey``, ``secret``, ``password``,
   ``passwd``, ``privatekey``, ``accesstoken``, ``refreshtoken``, ``idtoken``,
-  ``sessiontoken``, ``authtoken``, ``bearertoken``, ``credentials``, ``accountid``
-  (``client_secret``, ``OPENAI_API_KEY``, ``chatgpt_account_id``, ``aws_secret_access_key``
-  is caught by ``secret`` anywhere: see below); or
+  ``sessiontoken``, ``authtoken``, ``bearertoken``, ``credentials``, ``accountid``,
+  ``accountuuid``, ``deviceid`` (``client_secret``, ``OPENAI_API_KEY``,
+  ``chatgpt_account_id``; ``aws_secret_access_key`` is caught by ``secret`` anywhere: see
+  below); or
 * contains ``secret`` or ``password`` anywhere.
 
 Counting fields such as ``max_tokens``, ``prompt_tokens``, ``prompt_token_ids`` or
-``cached_tokens``, and the bare ``token`` of a logprob entry, are *not* secret: only the
-exact token kinds above are. Values are never
-inspected: a secret pasted into message text is data the agent saw and stays (redacting
-it would change the tokens trained on); a secret in a structured field named as one is
-removed. Redaction copies: the input is never mutated.
+``cached_tokens``, the bare ``token`` of a logprob entry and a thinking block's
+``signature`` are *not* secret: only the exact kinds above are.
+
+**Identifiers inside JSON strings.** A string under a key ending in ``id`` that holds a
+JSON object (Claude Code's ``metadata.user_id``: ``{"device_id": …, "account_uuid": …,
+"session_id": …}``) is read, redacted by the same rules and written back compactly: the
+account and device ids go, the session id stays (it names the conversation, not a
+person). The older ``user_<hash>_account_<uuid>_session_<uuid>`` form loses its account
+part the same way.
+
+**Headers** (:func:`redact_headers`, the ``--debug-dir`` dumps): besides the keys above,
+any header whose name says ``auth``, ``key``, ``token``, ``secret``, ``cookie``,
+``signature``, ``password`` or ``credential`` (:data:`SECRET_HEADER_WORDS`) — gateway
+credentials such as ``cf-aig-authorization``, ``helicone-auth``,
+``ocp-apim-subscription-key``, ``x-api-token``. Header names are a closed vocabulary of
+the transport, so the broad rule costs nothing; body keys are not (a tool's ``--token``
+argument, a logprob's ``token``), so bodies keep the exact rule.
+
+Other values are never inspected: a secret pasted into message text is data the agent saw
+and stays (redacting it would change the tokens trained on); a secret in a structured
+field named as one is removed. Redaction copies: the input is never mutated.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["REDACTED", "SECRET_KEYS", "SECRET_SUFFIXES", "is_secret_key", "redact"]
+import orjson
+
+__all__ = ["REDACTED", "SECRET_HEADER_WORDS", "SECRET_KEYS", "SECRET_SUFFIXES",
+           "is_secret_header", "is_secret_key", "redact", "redact_headers"]
 
 REDACTED = "[redacted]"
 
@@ -37,13 +58,18 @@ SECRET_KEYS = frozenset({
     "authorization", "proxyauthorization", "cookie", "setcookie", "credentials",
     "credential", "passwd", "password", "secret", "apikey", "xapikey", "privatekey",
     "accountid", "xaccountid", "chatgptaccountid", "organizationid", "openaiorganization",
-    "xgoogapikey", "anthropicapikey", "openaiapikey",
+    "xgoogapikey", "anthropicapikey", "openaiapikey", "accountuuid", "deviceid",
+    "organizationuuid",
 })
 SECRET_SUFFIXES = (
     "apikey", "secret", "password", "passwd", "privatekey", "accesstoken", "refreshtoken",
     "idtoken", "sessiontoken", "authtoken", "bearertoken", "credentials", "accountid",
+    "accountuuid", "deviceid",
 )
+SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie", "signature", "password",
+                       "passwd", "credential")
 _ANYWHERE = ("secret", "password")
+_LEGACY_ACCOUNT = re.compile(r"(?<=_account_)[^_]+")
 
 
 def _normal(key: str) -> str:
@@ -58,15 +84,28 @@ def is_secret_key(key: object) -> bool:
     return k in SECRET_KEYS or k.endswith(SECRET_SUFFIXES) or any(w in k for w in _ANYWHERE)
 
 
+def is_secret_header(name: object) -> bool:
+    """Whether an HTTP header's value is a credential: a secret key, or a name saying one
+    of :data:`SECRET_HEADER_WORDS` (``cf-aig-authorization``, ``helicone-auth``,
+    ``ocp-apim-subscription-key``, ``x-api-token``…)."""
+    if isinstance(name, bytes):
+        name = name.decode("latin-1")
+    if not isinstance(name, str):
+        return False
+    k = _normal(name)
+    return is_secret_key(name) or any(w in k for w in SECRET_HEADER_WORDS)
+
+
 def redact(value: Any) -> Any:
-    """A copy of ``value`` with every secret-keyed value replaced by :data:`REDACTED`.
+    """A copy of ``value`` with every secret-keyed value replaced by :data:`REDACTED`, and
+    the identifiers inside JSON strings under ``…id`` keys removed (module docstring).
 
     Dicts and lists are walked; a two-element list or tuple ``[name, value]`` whose name is
     a secret key (an HTTP header pair) has its value replaced. Anything else is returned
     as is (strings are immutable: no copy needed).
     """
     if isinstance(value, Mapping):
-        return {k: REDACTED if is_secret_key(k) else redact(v) for k, v in value.items()}
+        return {k: _field(k, v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         if len(value) == 2 and is_secret_key(value[0]) and not isinstance(value[1], Mapping):
             items = [value[0], REDACTED]
@@ -74,3 +113,34 @@ def redact(value: Any) -> Any:
             items = [redact(v) for v in value]
         return tuple(items) if isinstance(value, tuple) else items
     return value
+
+
+def redact_headers(headers: Any) -> dict[str, Any]:
+    """HTTP headers (a mapping, or ``(name, value)`` pairs) as a dict with every credential
+    value replaced by :data:`REDACTED` (:func:`is_secret_header`)."""
+    pairs = headers.items() if isinstance(headers, Mapping) or hasattr(headers, "items") \
+        else headers
+    return {k: REDACTED if is_secret_header(k) else v for k, v in pairs}
+
+
+def _field(key: Any, value: Any) -> Any:
+    if is_secret_key(key):
+        return REDACTED
+    if isinstance(value, str) and isinstance(key, str) and _normal(key).endswith("id"):
+        return _ids_in(value)
+    return redact(value)
+
+
+def _ids_in(text: str) -> str:
+    """``text`` with the account and device ids it carries removed: a JSON object redacted
+    inside, the legacy ``…_account_<uuid>_…`` form's account part; other text as is."""
+    if text.startswith("{") and text.endswith("}"):
+        try:
+            parsed = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return text
+        if isinstance(parsed, dict):
+            cleaned = redact(parsed)
+            return text if cleaned == parsed else orjson.dumps(cleaned).decode()
+        return text
+    return _LEGACY_ACCOUNT.sub(REDACTED, text) if "_account_" in text else text

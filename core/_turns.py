@@ -150,12 +150,20 @@ def _unanswered(pending: dict[str, int], messages: Sequence[Any], dialect: Diale
 
 def loop_start(messages: Sequence[Any], dialect: Dialect, end: int | None = None) -> int | None:
     """Index of the first model message of the tool loop running at ``end`` (default: the
-    end): the first model message after the last ``user`` message (a tool-results-only
-    message has role ``tool``); ``None`` when no model message follows it."""
+    end): the first model message after the last ``user`` message that answers no tool
+    call; ``None`` when no model message follows it.
+
+    A message answering tool calls continues the loop, also when it carries text beside
+    the results (a tool-results-only message has role ``tool``; one with text has role
+    ``user``): a tool-use loop is one assistant turn, which only a user turn that is not
+    tool results ends (Anthropic's extended-thinking rules), and a harness that adds
+    text there means it within the turn — Claude Code surfaces what the user types while
+    tools run "within the running turn, often alongside the next tool result, rather
+    than as a separate conversation turn" (its own words to the model, 2.1.332)."""
     end = len(messages) if end is None else end
     i = end - 1
-    role = dialect.role
-    while i >= 0 and role(messages[i]) != "user":
+    role, answers = dialect.role, dialect.tool_result_ids
+    while i >= 0 and (role(messages[i]) != "user" or answers(messages[i])):
         i -= 1
     for j in range(i + 1, end):
         if dialect.is_model_output(messages[j]):

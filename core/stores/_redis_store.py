@@ -12,7 +12,9 @@ Keys, under a namespace (``agentcompact:`` by default):
 - ``<ns>a:<handle>`` — an archived original (``agentcompact._archive``): a hash of its text
   ``t`` and skim line ``s`` (UTF-8, lone surrogates kept), with the same TTL;
 - ``<ns>alog`` — the handles archived, oldest first (the last ``log_max``): what
-  ``search_dropped`` reads, newest first.
+  ``search_dropped`` reads, newest first;
+- ``<ns>t:<tenant>:a:<handle>``, ``<ns>t:<tenant>:alog`` — the same for a tenant's
+  archive (``agentcompact._tenants``): each tenant's originals and log apart.
 
 Prefix keys (``e:``) and handles (``a:``, always ``ac-`` and 12 hex digits) never collide.
 An archive write is one Lua script: each new handle's hash, its TTL and its place in the
@@ -27,11 +29,13 @@ server lost its data) the caller re-reads every key (``SCAN``).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
+from ..errors import StoreError
 from ._shared import ArchiveRow
 
 __all__ = ["RedisBackend"]
@@ -79,27 +83,37 @@ class RedisBackend:
         try:
             import redis
         except ImportError as exc:  # pragma: no cover - the extra is missing
-            from ..errors import StoreError
-
             raise StoreError("a redis:// store needs the 'redis' extra: "
                              "pip install 'agentcompact[redis]'") from exc
+        from . import _option, check_store_url
+
+        scheme = check_store_url(url)
         parts = urlsplit(url)
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         self.prefix = query.pop("prefix", prefix)
-        self.ttl = int(query.pop("ttl", ttl))
-        self.log_max = int(query.pop("log_max", log_max))
-        timeout = float(query.pop("timeout", timeout))
-        rest = "&".join(f"{k}={v}" for k, v in query.items())
+        self.ttl = _option(scheme, "ttl", query.pop("ttl", str(ttl)), int, 0)
+        self.log_max = _option(scheme, "log_max", query.pop("log_max", str(log_max)), int, 1)
+        timeout = _option(scheme, "timeout", query.pop("timeout", str(timeout)), float, 0.001)
+        rest = urlencode(query)
         host = parts.hostname or ""
         netloc = host if parts.port is None else f"{host}:{parts.port}"
-        self._where = urlunsplit((parts.scheme, netloc, parts.path, "", ""))  # no password
+        self._where = f"{parts.scheme}://{netloc}{parts.path}"  # no password
         self.errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
-        self._redis: Any = redis.Redis.from_url(
-            urlunsplit(parts._replace(query=rest)), socket_timeout=timeout,
-            socket_connect_timeout=timeout, health_check_interval=30)
+        # the query replaced in the URL as given (``urlunsplit`` would turn unix:///path
+        # into unix:/path, which redis-py refuses)
+        target = url.partition("?")[0] + ("?" + rest if rest else "")
+        try:
+            self._redis: Any = redis.Redis.from_url(
+                target, socket_timeout=timeout, socket_connect_timeout=timeout,
+                health_check_interval=30)
+        except ValueError:  # redis-py's own URL checks (an option's value)
+            raise StoreError(f"{scheme} store URL: a redis-py option's value does not "
+                             "parse") from None
+        _check_options(scheme, self._redis.connection_pool,
+                       [k for k, v in query.items() if not v])
         self._changes = self._redis.register_script(_CHANGES)
         self._archive = self._redis.register_script(_ARCHIVE)
-        self._alog = f"{self.prefix}alog"
+        self._alog = f"{self.prefix}alog"  # the single tenant's archive log
         self._seq, self._log = f"{self.prefix}seq", f"{self.prefix}log"
         self._epoch_key = f"{self.prefix}epoch"
         self._epoch: bytes | None = None  # the epoch the last ``changes`` saw (b"": none)
@@ -137,34 +151,41 @@ class RedisBackend:
         return seq, found
 
     # --- archived originals -------------------------------------------------------
-    def archive_put(self, rows: Sequence[ArchiveRow]) -> None:
+    # A tenant's keys live under ``<ns>t:<tenant>:`` (``scope``): its own hashes and log,
+    # so a Redis ACL key pattern can confine a tenant's credentials to them.
+    def _archive_ns(self, scope: str) -> str:
+        return f"{self.prefix}t:{scope}:" if scope else self.prefix
+
+    def archive_put(self, rows: Sequence[ArchiveRow], scope: str = "") -> None:
         """Store the rows whose handle is new (one script: atomic)."""
         if not rows:
             return
-        keys = [self.prefix + "a:" + handle for handle, _, _ in rows]
-        args: list[Any] = [self.ttl, self.log_max, self._alog]
+        ns = self._archive_ns(scope)
+        keys = [ns + "a:" + handle for handle, _, _ in rows]
+        args: list[Any] = [self.ttl, self.log_max, ns + "alog"]
         for handle, text, skim in rows:
             args += [_utf8(text), _utf8(skim), handle]
         self._archive(keys=keys, args=args)
 
-    def archive_get(self, handle: str) -> ArchiveRow | None:
-        text, skim = self._redis.hmget(self.prefix + "a:" + handle, "t", "s")
+    def archive_get(self, handle: str, scope: str = "") -> ArchiveRow | None:
+        text, skim = self._redis.hmget(self._archive_ns(scope) + "a:" + handle, "t", "s")
         return None if text is None else (handle, _text(text), _text(skim or b""))
 
-    def archive_search(self, query: str, limit: int) -> list[ArchiveRow]:
-        """Rows whose text contains ``query`` case-insensitively, most recent first: the
-        log read newest first in batches, the texts matched here (the server has no
-        case-insensitive substring search)."""
+    def archive_search(self, query: str, limit: int, scope: str = "") -> list[ArchiveRow]:
+        """Rows of ``scope`` whose text contains ``query`` case-insensitively, most recent
+        first: its log read newest first in batches, the texts matched here (the server
+        has no case-insensitive substring search)."""
+        ns = self._archive_ns(scope)
         needle, end = query.casefold(), -1
         found: list[ArchiveRow] = []
         seen: set[bytes] = set()
         while len(found) < limit:
-            handles = self._redis.lrange(self._alog, end - _SEARCH_BATCH + 1, end)
+            handles = self._redis.lrange(ns + "alog", end - _SEARCH_BATCH + 1, end)
             if not handles:
                 break
             with self._redis.pipeline(transaction=False) as pipe:
                 for h in reversed(handles):
-                    pipe.hmget(self.prefix + "a:" + h.decode(), "t", "s")
+                    pipe.hmget(ns + "a:" + h.decode(), "t", "s")
                 answers = pipe.execute()
             for h, (text, skim) in zip(reversed(handles), answers):
                 if h in seen:  # archived again after its hash expired
@@ -177,14 +198,34 @@ class RedisBackend:
             end -= _SEARCH_BATCH
         return found[:max(0, limit)]
 
-    def archive_count(self) -> int:
-        return int(self._redis.llen(self._alog))
+    def archive_count(self, scope: str = "") -> int:
+        return int(self._redis.llen(self._archive_ns(scope) + "alog"))
 
     def describe(self) -> str:
         return self._where
 
     def close(self) -> None:
         self._redis.close()
+
+
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+_OURS = "prefix, ttl, log_max, timeout, cache_entries, retry_after, max_staleness"
+
+
+def _check_options(scheme: str, pool: Any, blank: list[str]) -> None:
+    """Refuse, at start, a query option redis-py passes on to its connections and they
+    do not take (``?bogus=1``): building one connection object (no I/O) raises the
+    ``TypeError`` every request would otherwise fail with. Options left blank
+    (``?tll=``), which redis-py skips, are tried by name too: a misspelt option is an
+    error, not a setting silently lost."""
+    try:
+        pool.connection_class(**{**{k: None for k in blank}, **pool.connection_kwargs})
+    except TypeError as exc:
+        found = _UNEXPECTED.search(str(exc))
+        name = repr(found.group(1)) if found else "in the query"
+        raise StoreError(f"{scheme} store URL: unknown option {name}; agentcompact's are "
+                         f"{_OURS}, the rest redis-py's connection options "
+                         "(socket_keepalive, health_check_interval…)") from None
 
 
 def _utf8(text: str) -> bytes:

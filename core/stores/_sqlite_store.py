@@ -2,7 +2,8 @@
 
 Tables: ``prefix_entries(key, seq, data)`` and ``prefix_meta(name, value)`` holding the
 change counter ``seq`` (the prefix store), and ``dropped(seq, handle, text, skim)`` (the
-archive of dropped originals, ``agentcompact._archive``): the two never share a row. A
+archive of dropped originals, ``agentcompact._archive``; a tenant's rows keyed
+``t:<tenant>:<handle>``): the two never share a row. A
 prefix save is one ``BEGIN IMMEDIATE`` transaction that advances the counter and writes the
 row with it, so a reader sees a whole entry or none, and "keys saved after counter n" is
 ``seq > n`` on an index; an archive write is one transaction too. Prefix rows older than
@@ -175,7 +176,9 @@ class SQLiteBackend:
                 db.execute("COMMIT")
 
     # --- archived originals -------------------------------------------------------
-    def archive_put(self, rows: Sequence[ArchiveRow]) -> None:
+    # A tenant's rows are keyed ``t:<tenant>:<handle>`` (``scope``), the single tenant's
+    # by the handle alone (``ac-…``): a scope is a range of the unique index on handle.
+    def archive_put(self, rows: Sequence[ArchiveRow], scope: str = "") -> None:
         """Insert the rows whose handle is new, in one transaction."""
         with self._lock:
             db = self._db
@@ -183,30 +186,39 @@ class SQLiteBackend:
             try:
                 db.executemany("INSERT OR IGNORE INTO dropped (handle, text, skim) "
                                "VALUES (?, ?, ?)",
-                               [(h, _utf8(t), _utf8(s)) for h, t, s in rows])
+                               [(_key(scope, h), _utf8(t), _utf8(s)) for h, t, s in rows])
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
 
-    def archive_get(self, handle: str) -> ArchiveRow | None:
+    def archive_get(self, handle: str, scope: str = "") -> ArchiveRow | None:
         with self._lock:
-            row = self._db.execute("SELECT handle, text, skim FROM dropped WHERE handle = ?",
-                                   (handle,)).fetchone()
-        return None if row is None else (row[0], _str(row[1]), _str(row[2]))
+            row = self._db.execute("SELECT text, skim FROM dropped WHERE handle = ?",
+                                   (_key(scope, handle),)).fetchone()
+        return None if row is None else (handle, _str(row[0]), _str(row[1]))
 
-    def archive_search(self, query: str, limit: int) -> list[ArchiveRow]:
-        """Rows whose text contains ``query`` case-insensitively, most recent first."""
+    def archive_search(self, query: str, limit: int, scope: str = "") -> list[ArchiveRow]:
+        """Rows of ``scope`` whose text contains ``query`` case-insensitively, most recent
+        first."""
+        lo, hi = _range(scope)
+        # a tenant's rows: the handle index's range; the single tenant's (most rows, or
+        # all): newest first in table order, stopping at ``limit`` (``+`` keeps SQLite off
+        # the index, which would read every row and sort them)
+        column = "handle" if scope else "+handle"
         with self._lock:
             rows = self._db.execute(
-                "SELECT handle, text, skim FROM dropped WHERE instr(casefold(text), ?) > 0 "
-                "ORDER BY seq DESC LIMIT ?", (_utf8(query.casefold()), max(0, limit))).fetchall()
-        return [(r[0], _str(r[1]), _str(r[2])) for r in rows]
+                f"SELECT handle, text, skim FROM dropped WHERE {column} >= ? AND {column} < ? "
+                "AND instr(casefold(text), ?) > 0 ORDER BY seq DESC LIMIT ?",
+                (lo, hi, _utf8(query.casefold()), max(0, limit))).fetchall()
+        return [(r[0][len(lo):] if scope else r[0], _str(r[1]), _str(r[2])) for r in rows]
 
-    def archive_count(self) -> int:
+    def archive_count(self, scope: str = "") -> int:
         with self._lock:
-            return int(self._db.execute("SELECT count(*) FROM dropped").fetchone()[0])
+            return int(self._db.execute(
+                "SELECT count(*) FROM dropped WHERE handle >= ? AND handle < ?",
+                _range(scope)).fetchone()[0])
 
     def describe(self) -> str:
         return f"sqlite:///{self.path}"
@@ -216,6 +228,16 @@ class SQLiteBackend:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _key(scope: str, handle: str) -> str:
+    return f"t:{scope}:{handle}" if scope else handle
+
+
+def _range(scope: str) -> tuple[str, str]:
+    """The handle column's range holding ``scope``'s rows (``;`` follows ``:``, ``.``
+    follows ``-``)."""
+    return (f"t:{scope}:", f"t:{scope};") if scope else ("ac-", "ac.")
 
 
 def _utf8(text: str) -> bytes:

@@ -42,7 +42,17 @@ from dataclasses import asdict, dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from .._archive import Archive, ArchivedItem, MemoryArchive, handle_of, open_archive
+import xxhash
+
+from .._archive import (
+    Archive,
+    ArchivedItem,
+    MemoryArchive,
+    current_handle_key,
+    handle_of,
+    handles_keyed,
+    open_archive,
+)
 from .._events import DroppedItem
 from .._interner import same_objects
 from .._markers import COMPACTION_HEADER
@@ -149,6 +159,8 @@ class CliffStrategy:
     #: the handles put into an in-memory archive (:meth:`_archive`)
     _stored: _Stored = field(default_factory=lambda: _Stored(None), init=False,
                              compare=False, repr=False)
+    #: the handle key the caches above were filled under (:meth:`_handles_of_now`)
+    _keyed: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.archive = open_archive(self.archive)
@@ -159,11 +171,30 @@ class CliffStrategy:
         return self.human_floor_tokens
 
     def fingerprint(self) -> str:
-        """The settings that change the output (the archive does not: handles are content
-        digests), for the engine's prefix-store key."""
-        return "cliff:" + repr(sorted(settings_dict(self).items()))
+        """The settings that change the output, for the engine's prefix-store key: the
+        archive only by its tenant's handle key (a digest of it), which changes the
+        handles in skim lines."""
+        key = getattr(self.archive, "handle_key", None)
+        keyed = "" if key is None else ":handles=" + xxhash.xxh3_64_hexdigest(key)
+        return "cliff:" + repr(sorted(settings_dict(self).items())) + keyed
 
     def compact(self, request: CompactionRequest) -> Rendered:
+        key = getattr(self.archive, "handle_key", None)
+        if key is None:  # handles as the caller keys them (the engine: its tenant's)
+            return self._compact(request)
+        with handles_keyed(key):  # a tenant's archive: its handles
+            return self._compact(request)
+
+    def _handles_of_now(self) -> None:
+        """Forget what was rendered with the handles of another key (a strategy object
+        shared by engines of several tenants)."""
+        key = current_handle_key()
+        if key != self._keyed:
+            self._texts, self._blocks, self._scan = _TextCache(), _BlockCache(self.levels), None
+            self._keyed = key
+
+    def _compact(self, request: CompactionRequest) -> Rendered:
+        self._handles_of_now()
         items = _collect(request, self.carry_forward_human, self.carry_forward_calls,
                          self._texts)
         if self._blocks.levels != self.levels:  # entries are by level index

@@ -46,7 +46,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from agentcompact import __version__
+from agentcompact import SINGLE_TENANT, Tenant, __version__
 from agentcompact._budget import Budget
 from agentcompact._engine import CompactionResult, Engine
 from agentcompact._events import ModelCall
@@ -63,6 +63,7 @@ from ._observe import DebugDumper, ExchangeLog, ProxyStats
 from ._reassemble import reassemble
 from ._relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
 from ._speculation import Speculation
+from ._tenancy import Tenancy
 from ._upstream import (
     HeldRequest,
     UpstreamClient,
@@ -116,6 +117,8 @@ class _Request:
     #: the session's engine; ``None`` when there is nothing to compact (a probe, no
     #: messages, a continuation by ``previous_response_id``)
     engine: Engine | None
+    #: whose request it is (``_tenancy``): its session and engine are the tenant's
+    tenant: Tenant = SINGLE_TENANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,12 +185,14 @@ class EnginePool:
         self.speculation = Speculation()
         self.is_async = hasattr(self._new(ANTHROPIC, "startup").strategy, "acompact")
 
-    def get(self, dialect: str, session: str) -> Engine:
+    def get(self, dialect: str, session: str, tenant: Tenant = SINGLE_TENANT) -> Engine:
+        """The session's engine (``session`` already scoped by ``tenant``: ``session_key``);
+        a new one archives into the tenant's view of the archive."""
         key = (dialect, session)
         with self._lock:
             engine = self._engines.pop(key, None)
             if engine is None:
-                engine = self._new(dialect, session)
+                engine = self._new(dialect, session, tenant)
             self._engines[key] = engine
             while len(self._engines) > self.config.max_sessions:
                 self._engines.popitem(last=False)
@@ -213,8 +218,12 @@ class EnginePool:
         decides: a wrong one costs a request dropped unfinished, never a wrong body)."""
         return body_bytes // 3 <= self.budget.trigger
 
-    def _new(self, dialect: str, session: str) -> Engine:
-        strategy = StrategySettings(self.config.strategy, options=self.config.strategy_options)
+    def _new(self, dialect: str, session: str, tenant: Tenant = SINGLE_TENANT) -> Engine:
+        options = self.config.strategy_options
+        archive: Any = options.get("archive")
+        if tenant.id and hasattr(archive, "for_tenant"):
+            options = {**options, "archive": archive.for_tenant(tenant)}
+        strategy = StrategySettings(self.config.strategy, options=options)
         meter = MessageMeter(self.counter, self.dialects[dialect], max_entries=_METER_ENTRIES)
         engine = Engine(strategy=strategy, dialect=self.dialects[dialect],
                         budget=self.budget, store=self.store, counter=meter,
@@ -229,9 +238,16 @@ class CompactionProxy:
                  store: PrefixStore | None = None) -> None:
         self.pm = plugins if plugins is not None else get_plugin_manager()
         self.store = store if store is not None else _store(config.store_url())
-        #: the archive of dropped originals, beside the store (``None``: the strategy
-        #: keeps none, or ``--archive`` names its own file)
+        #: how requests are scoped into tenants (``_tenancy``)
+        self.tenancy = Tenancy.of(config.tenancy, config.tenant_header, config.tenant_secret,
+                                  shared_store=config.shares_store())
+        #: the archive of dropped originals, beside the store or in ``--archive``'s file
+        #: (``None``: the strategy keeps none); engines get their tenant's view of it
         self.archive = _archive(config, self.pm)
+        if self.tenancy.mode != "single" and self.archive is not None and not hasattr(
+                self.archive, "for_tenant"):
+            log.warning("the archive (%s) has no for_tenant: what it keeps is not scoped "
+                        "per tenant", type(self.archive).__name__)
         if self.archive is not None:
             config = config.replace(strategy_options={**config.strategy_options,
                                                       "archive": self.archive})
@@ -416,11 +432,12 @@ class CompactionProxy:
         if not isinstance(body, dict):
             raise TypeError(f"request body is a JSON {type(body).__name__}, not an object")
         messages = d.messages_of(body)
-        session = session_key(d, body, headers, messages)
+        tenant = self.tenancy.tenant(headers)
+        session = session_key(d, body, headers, messages, tenant.id)
         probe = is_probe(body)
-        engine = (self.engines.get(dialect, session)
+        engine = (self.engines.get(dialect, session, tenant)
                   if not probe and messages and not body.get("previous_response_id") else None)
-        return _Request(dialect, raw, body, parsed, messages, session, probe, engine)
+        return _Request(dialect, raw, body, parsed, messages, session, probe, engine, tenant)
 
     async def _decide(self, req: _Request, new_bytes: int
                       ) -> tuple[CompactionResult | None, int | None]:
@@ -545,7 +562,7 @@ class CompactionProxy:
         if result is not None and result.modified and out.content is not out.raw:
             outgoing = orjson.loads(out.content)
         ex = self._exchange(out)
-        summary = {"dialect": out.dialect, "session": req.session,
+        summary = {"dialect": out.dialect, "session": req.session, "tenant": req.tenant.id,
                    "compacted": ex.compacted, "modified": ex.modified,
                    "tokens_in": ex.tokens_in, "tokens_out": ex.tokens_out,
                    "shadow": self.config.shadow, "error": ex.error}
@@ -858,14 +875,15 @@ def _store(url: str) -> PrefixStore:
 
 
 def _archive(config: ProxyConfig, pm: pluggy.PluginManager) -> Any:
-    """The archive of the store URL, for a strategy that takes one (``archive``) and has
-    none set; else ``None``."""
-    from agentcompact._archive import open_archive
+    """For a strategy that takes an archive (``archive``): the one its options name (a
+    file, ``--archive``), else the store URL's; ``None`` for a strategy without one.
+    Opened here, once, so each engine can be given its tenant's view of it."""
+    from agentcompact import open_archive
 
     factory = registry(pm).strategy_factory(config.strategy)
-    if "archive" in config.strategy_options or "archive" not in _parameters(factory):
+    if "archive" not in _parameters(factory):
         return None
-    return open_archive(config.store_url())
+    return open_archive(config.strategy_options.get("archive", config.store_url()))
 
 
 def _parameters(factory: Any) -> Mapping[str, Any]:

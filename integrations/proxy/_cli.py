@@ -79,6 +79,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
            "sqlite in --state-dir")
     a("--state-dir", metavar="DIR",
       help="folder of the default store (default $AGENTCOMPACT_STATE_DIR or ~/.agentcompact)")
+    a("--tenancy", choices=("auto", "credential", "single"),
+      help="scope the store, archive and handles per tenant: credential (by API key), "
+           "single (one person), auto (default: credential once --store or --archive is "
+           "given); secret: $AGENTCOMPACT_TENANT_SECRET (docs/deploy.md)")
+    a("--tenant-header", metavar="NAME",
+      help="a header naming the tenant, set by a gateway in front (instead of the API key)")
     a("--log-level", default="INFO", type=_log_level, metavar="LEVEL",
       help=f"logging level: {', '.join(_LEVELS)} (default INFO)")
     a("--keep-memory", type=int, default=KEEP_MEMORY_MIB, metavar="MIB",
@@ -91,8 +97,9 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
     """Defaults < ``AGENTCOMPACT_*`` environment < flags."""
     overrides = {k: getattr(args, k, None) for k in (
         "host", "port", "strategy", "trigger", "target", "counter", "anthropic_upstream",
-        "openai_upstream", "gemini_upstream", "record", "shadow", "strict", "debug_dir", "reactive",
-        "max_sessions", "log_requests", "store", "state_dir", "archive")}
+        "openai_upstream", "gemini_upstream", "record", "shadow", "strict", "debug_dir",
+        "reactive", "max_sessions", "log_requests", "store", "state_dir", "archive", "tenancy",
+        "tenant_header")}
     options = _options(getattr(args, "strategy_option", None) or [])
     if options:
         overrides["strategy_options"] = options

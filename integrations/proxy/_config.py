@@ -64,6 +64,15 @@ class ProxyConfig:
     :param archive: a SQLite file for the archive of dropped originals instead of the
         store's (``strategy_options["archive"]``); ``agentcompact mcp --archive`` serves
         expand from it.
+    :param tenancy: how requests are scoped into tenants (``agentcompact._tenants``):
+        ``credential`` (by the request's API key), ``single`` (one person's proxy), or
+        ``auto`` (the default: ``credential`` once ``store`` or ``archive`` is given —
+        a store others may share —, else ``single``).
+    :param tenant_header: a header naming the tenant (set by a gateway in front that
+        authenticates users); overrides the credential.
+    :param tenant_secret: the key of the tenants' keyed hashes (environment only:
+        ``AGENTCOMPACT_TENANT_SECRET``; the same on every replica and for
+        ``agentcompact mcp``).
     """
 
     host: str = "127.0.0.1"
@@ -88,21 +97,33 @@ class ProxyConfig:
     store: str | None = None
     state_dir: str | None = None
     archive: str | None = None
+    tenancy: str = "auto"
+    tenant_header: str | None = None
+    tenant_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.archive and "archive" not in self.strategy_options:
             self.strategy_options = {**self.strategy_options, "archive": self.archive}
-        if self.trigger <= 0:
-            raise ConfigError(f"trigger must be a positive token count, got {self.trigger}")
+        _check_numbers(self)
         if self.target is not None and not 0 < self.target <= self.trigger:
             raise ConfigError(f"target must be in (0, trigger={self.trigger}], got {self.target}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        if self.store is not None:
+            from agentcompact.stores import check_store_url
+
+            check_store_url(self.store)  # its form now; its options when the store is made
         for name in ("anthropic_upstream", "openai_upstream", "gemini_upstream"):
             url = getattr(self, name)
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{name} must be an http(s) URL, got {url!r}")
             setattr(self, name, url.rstrip("/"))
+
+    def shares_store(self) -> bool:
+        """Whether a store or archive others may share was given (``tenancy="auto"``
+        then scopes by credential)."""
+        memory = self.store is not None and self.store.partition(":")[0].lower() == "memory"
+        return (self.store is not None and not memory) or self.archive is not None
 
     def store_url(self) -> str:
         """``store``, or the default SQLite file in ``state_dir``."""
@@ -125,6 +146,32 @@ class ProxyConfig:
     def replace(self, **changes: Any) -> ProxyConfig:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+#: numeric settings: name -> (least value, whether the least is allowed, the flag's meaning)
+_NUMBERS: dict[str, tuple[float, bool, str]] = {
+    "trigger": (1, True, "a token count"),
+    "max_sessions": (1, True, "sessions kept in memory"),
+    "connect_timeout": (0, False, "seconds"),
+    "read_timeout": (0, False, "seconds"),
+}
+
+
+def _check_numbers(config: ProxyConfig) -> None:
+    """Refuse at start a numeric setting no request could work with (``--max-sessions
+    -1`` would fail every request), naming the flag, its variable and what it takes."""
+    for name, (least, inclusive, meaning) in _NUMBERS.items():
+        value = getattr(config, name)
+        kind = int if isinstance(getattr(ProxyConfig, name, 0), int) else float
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and (kind is float or isinstance(value, int)) and value == value
+              and value not in (float("inf"), float("-inf"))
+              and (value >= least if inclusive else value > least))
+        if not ok:
+            bound = f">= {least:g}" if inclusive else f"> {least:g}"
+            what = "an integer" if kind is int else "a finite number"
+            raise ConfigError(f"--{name.replace('_', '-')} ({ENV_PREFIX}{name.upper()}) must "
+                              f"be {what} {bound} ({meaning}), got {value!r}")
 
 
 def _parse(name: str, kind: Any, raw: str) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from ..._redact import redact
+from ..._redact import redact_headers as _redact_headers
 
 __all__ = ["DebugDumper", "ExchangeLog", "ProxyStats", "SessionStats", "redact_headers",
            "redact_json"]
@@ -200,8 +201,9 @@ class ProxyStats:
 
 def redact_headers(headers: Any) -> dict[str, str]:
     """Headers with every credential value replaced (the project's one policy,
-    :mod:`agentcompact._redact`)."""
-    out: dict[str, str] = redact(dict(headers.items()))
+    :mod:`agentcompact._redact`: gateway credentials such as ``cf-aig-authorization`` and
+    ``helicone-auth`` included)."""
+    out: dict[str, str] = _redact_headers(headers)
     return out
 
 

@@ -171,7 +171,7 @@ def error_body(dialect: str | None, status: int, message: str, *, code: str | No
 
 
 def session_key(dialect: Dialect, body: Mapping[str, Any], headers: Mapping[str, str],
-                messages: Sequence[Any]) -> str:
+                messages: Sequence[Any], tenant: str = "") -> str:
     """A short stable id for the conversation a request belongs to.
 
     The client's own session id wins (a session header; Claude Code's ``metadata.user_id``,
@@ -180,11 +180,14 @@ def session_key(dialect: Dialect, body: Mapping[str, Any], headers: Mapping[str,
     (the dialect's ``fixed_keys`` but the tools: Gemini's ``systemInstruction``) and the
     messages up to the first user message (Gemini CLI sends no session id). Hashed, so
     account and device ids the client puts beside its session id never appear in logs or
-    the status page.
+    the status page. A ``tenant`` id scopes it: two tenants sending the same session id (or
+    the same root) are two sessions, with engines and prefix-store keys of their own.
     """
     source = _client_session(body, headers)
     if source is None:
         source = "root:" + _root_digest(dialect, body, messages)
+    if tenant:
+        source = f"tenant:{tenant}\x00{source}"
     return hashlib.blake2b(source.encode(), digest_size=8).hexdigest()
 
 

@@ -86,3 +86,31 @@ def test_skim_lines_are_byte_stable_across_a_restart(tmp_path: Path) -> None:
     for handle in handles:
         item = reopened.get(handle)
         assert item is not None and handle_of(item.text) == handle
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(dialect=dialects, plan=plans, trigger=st.integers(600, 5000),
+       share=st.floats(0.1, 0.6))
+def test_a_tenants_handles_expand_in_its_scope_only(dialect: str, plan: Any, trigger: int,
+                                                   share: float) -> None:
+    """On a shared archive every handle a tenant's engine sends — skim lines, the
+    engine's truncation markers, folds — is keyed by the tenant and expands to the
+    original in the tenant's view only (#36)."""
+    from agentcompact import tenant_of
+
+    shared = MemoryArchive()
+    mine, other = shared.for_tenant(tenant_of("sk-mine")), shared.for_tenant(tenant_of("x"))
+    engine = Engine(StrategySettings("cliff", options={"archive": mine}), dialect,
+                    Budget(trigger, max(1, int(trigger * share))), plugins=new_plugin_manager())
+    msgs = build(dialect, plan)
+    d = engine.dialect
+    texts = {p.text for m in msgs for p in d.parts(m) if p.text}
+    for c in call_points(msgs, d):
+        result = engine.compact(msgs[:c])
+        sent = "\n".join(d.text_of(m) for m in result.messages)
+        for handle in set(re.findall(r"ac-[0-9a-f]{12}", sent)):
+            original = expanded(mine, handle)
+            assert original in texts and mine.handle_of(original) == handle  # type: ignore[attr-defined]
+            assert handle_of(original) != handle  # keyed, not the content digest
+            assert other.get(handle) is None and shared.get(handle) is None

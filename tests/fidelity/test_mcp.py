@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from agentcompact._archive import ArchivedItem, SQLiteArchive, handle_of
+from agentcompact import tenant_of
+from agentcompact._archive import ArchivedItem, SQLiteArchive
 
 mcp = pytest.importorskip("mcp")
 from mcp import ClientSession, StdioServerParameters  # noqa: E402  # after the skip
 from mcp.client.stdio import stdio_client  # noqa: E402
 
+KEY = "sk-ant-mcp-test"  # the tenant: an --archive file is scoped per credential
 ORIGINAL = "".join(f"line {i}: résumé \u2603 {'x' * (i % 7)}\n" for i in range(2_000))
 
 
@@ -25,12 +27,14 @@ def _text(result: object) -> str:
 async def test_mcp_client_expands_and_searches(tmp_path: Path) -> None:
     path = tmp_path / "state" / "archive.sqlite"
     archive = SQLiteArchive(path)
-    handle = handle_of(ORIGINAL)
-    archive.put_many([ArchivedItem(handle, ORIGINAL, f"[turn 3 · result of Bash · expand "
-                                                      f"{handle}]")])
+    mine = archive.for_tenant(tenant_of(KEY))
+    handle = mine.handle_of(ORIGINAL)  # type: ignore[attr-defined]
+    mine.put_many([ArchivedItem(handle, ORIGINAL, f"[turn 3 · result of Bash · expand "
+                                                  f"{handle}]")])
     archive.close()
     params = StdioServerParameters(command=sys.executable, args=[
-        "-m", "agentcompact", "mcp", "--archive", str(path), "--page-chars", "5000"])
+        "-m", "agentcompact", "mcp", "--archive", str(path), "--page-chars", "5000"],
+        env={"ANTHROPIC_API_KEY": KEY})
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         names = {t.name for t in (await session.list_tools()).tools}

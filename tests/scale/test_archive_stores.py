@@ -17,8 +17,15 @@ from typing import Any
 import orjson
 import pytest
 
-from agentcompact import PrefixEntry, expand
-from agentcompact._archive import ArchivedItem, SharedArchive, handle_of, open_archive
+from agentcompact import PrefixEntry, expand, tenant_of
+from agentcompact._archive import (
+    ArchivedItem,
+    MemoryArchive,
+    SharedArchive,
+    TenantArchive,
+    handle_of,
+    open_archive,
+)
 from agentcompact.stores import store_from_url
 from agentcompact.testing import RunningServer, UpstreamSim, serve
 
@@ -136,15 +143,17 @@ def _compaction_text(body: dict[str, Any]) -> str:
     raise AssertionError("no compaction message")
 
 
-def _mcp_expand(url: str, handles: list[str]) -> list[str]:
-    """Each handle expanded by the ``mcp`` SDK's client through ``agentcompact mcp``."""
+def _mcp_expand(url: str, handles: list[str], tenant: str = "sk-test") -> list[str]:
+    """Each handle expanded by the ``mcp`` SDK's client through ``agentcompact mcp``, as
+    the tenant whose API key is ``tenant`` (the key ``send`` sends)."""
     import anyio
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
     async def go() -> list[str]:
         params = StdioServerParameters(command=sys.executable, args=[
-            "-m", "agentcompact._cli", "mcp", "--store", url, "--page-chars", "100000"])
+            "-m", "agentcompact._cli", "mcp", "--store", url, "--page-chars", "100000"],
+            env={"AGENTCOMPACT_TENANT": tenant})
         out = []
         async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
             await s.initialize()
@@ -184,10 +193,11 @@ def test_replica_b_expands_what_replica_a_dropped(sim: RunningServer, redis_url:
     assert status[1]["archive"]["written"] == 0  # B archived nothing itself
     texts = _mcp_expand(redis_url, handles)
     history = session_turn(15)["messages"]
-    originals = {handle_of(b["content"]) for m in history if isinstance(m["content"], list)
-                 for b in m["content"] if b.get("type") == "tool_result"
-                 and isinstance(b.get("content"), str)}
+    mine = TenantArchive(MemoryArchive(), tenant_of("sk-test"))  # the tenant's handles
+    originals = {mine.handle_of(b["content"]) for m in history
+                 if isinstance(m["content"], list) for b in m["content"]
+                 if b.get("type") == "tool_result" and isinstance(b.get("content"), str)}
     for handle, text in zip(handles, texts):
-        assert handle_of(text) == handle  # the original, byte for byte
+        assert mine.handle_of(text) == handle  # the original, byte for byte
     assert originals & set(handles)  # tool results among them
     assert orjson.dumps(status[0]["archive"]["where"]).decode().count("@") == 0

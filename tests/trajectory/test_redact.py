@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from agentcompact._redact import REDACTED, is_secret_key, redact
+import orjson
+
+from agentcompact._redact import REDACTED, is_secret_key, redact, redact_headers
 
 
 def test_secret_keys_are_redacted_at_any_depth_and_counters_are_not() -> None:
@@ -25,3 +27,41 @@ def test_secret_keys_are_redacted_at_any_depth_and_counters_are_not() -> None:
     assert out["headers"] == [["Authorization", REDACTED], ["Accept", "json"]]
     assert out["pair"] == ("x-api-key", REDACTED)
     assert value["client"]["nested"][0]["api_key"] == "sk-1"  # input not mutated
+
+
+def test_gateway_credential_headers_are_redacted() -> None:
+    headers = {"cf-aig-authorization": "Bearer a", "Helicone-Auth": "Bearer b",
+               "ocp-apim-subscription-key": "c", "x-api-token": "d", "x-auth-token": "e",
+               "x-amz-security-token": "f", "x-signature": "g", "api-key": "h",
+               "Cookie": "i", "x-request-id": "keep", "content-type": "keep",
+               "anthropic-version": "keep", "x-claude-code-session-id": "keep"}
+    out = redact_headers(headers)
+    assert {k for k, v in out.items() if v == "keep"} == {
+        "x-request-id", "content-type", "anthropic-version", "x-claude-code-session-id"}
+    assert all(v == REDACTED for k, v in out.items() if headers[k] != "keep")
+    pairs = [(b"helicone-auth", b"x"), (b"accept", b"y")]
+    assert redact_headers(pairs) == {b"helicone-auth": REDACTED, b"accept": b"y"}
+    assert headers["Helicone-Auth"] == "Bearer b"  # input not mutated
+
+
+def test_ids_inside_a_json_string_are_redacted_and_the_session_kept() -> None:
+    """Claude Code's ``metadata.user_id`` is a JSON string holding account and device ids
+    (2.1.x: ``{"device_id", "account_uuid", "session_id"}``)."""
+    user_id = orjson.dumps({"device_id": "d" * 64, "account_uuid": "acct-uuid",
+                            "session_id": "sess-1", "parent_session_id": "sess-0"}).decode()
+    body = {"metadata": {"user_id": user_id}, "max_tokens": 5,
+            "messages": [{"role": "user", "content": '{"device_id": "in text stays"}'}]}
+    out = redact(body)
+    assert orjson.loads(out["metadata"]["user_id"]) == {
+        "device_id": REDACTED, "account_uuid": REDACTED, "session_id": "sess-1",
+        "parent_session_id": "sess-0"}
+    assert out["messages"] == body["messages"]  # message text is never inspected
+    legacy = "user_abc123_account_6f1c-uuid_session_9e2d-uuid"
+    assert redact({"user_id": legacy}) == {
+        "user_id": f"user_abc123_account_{REDACTED}_session_9e2d-uuid"}
+    for plain in ("me", "{not json}", '{"session_id": "s"}'):
+        assert redact({"user_id": plain}) == {"user_id": plain}
+    # a thinking block's signature and a tool's token argument are not credentials
+    block = {"type": "thinking", "thinking": "t", "signature": "sig"}
+    assert redact(block) == block
+    assert redact({"args": ["--token", "x"]}) == {"args": ["--token", "x"]}

@@ -26,6 +26,13 @@ MODEL = "sim-model"
 CLAUDE_USER_ID = orjson.dumps({"device_id": "dev-1", "account_uuid": "acct-secret",
                                "session_id": "5f0c-claude-session"}).decode()
 
+#: credential headers of common gateways (Cloudflare AI Gateway, Helicone, Azure APIM…)
+GATEWAY_HEADERS = {"cf-aig-authorization": "Bearer cf-gateway-secret",
+                   "helicone-auth": "Bearer helicone-secret",
+                   "ocp-apim-subscription-key": "apim-secret",
+                   "x-api-token": "token-secret", "x-portkey-api-key": "portkey-secret",
+                   "x-trace-id": "trace-1"}
+
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
     lines = (run_dir / "events.jsonl").read_bytes().splitlines()
@@ -54,7 +61,12 @@ def test_record_anthropic_stream_reassembled(start_proxy: ProxyFactory, upstream
     assert response["content"] == [b.model_dump(exclude_none=True) for b in final.content]
     assert response["content"][0]["signature"] == "sig-rec"
     assert call["usage"]["output_tokens"] == final.usage.output_tokens
-    assert call["request"]["metadata"]["user_id"] == CLAUDE_USER_ID
+    # the account and device ids inside Claude Code's user_id go; its session id stays
+    assert orjson.loads(call["request"]["metadata"]["user_id"]) == {
+        "device_id": "[redacted]", "account_uuid": "[redacted]",
+        "session_id": "5f0c-claude-session"}
+    text = (tmp_path / "run" / "events.jsonl").read_text()
+    assert "dev-1" not in text and "acct-secret" not in text
     assert "messages" not in call["request"]
 
 
@@ -93,7 +105,7 @@ def test_debug_dir_is_private_and_redacted(start_proxy: ProxyFactory, upstream: 
     with httpx.Client(base_url=proxy.base_url) as client:
         response = client.post("/v1/messages", json=body, headers={
             "x-api-key": "sk-ant-secret-key", "authorization": "Bearer oauth-secret-token",
-            "cookie": "session=cookie-secret"})
+            "cookie": "session=cookie-secret", **GATEWAY_HEADERS})
     assert response.status_code == 200
     assert stat.S_IMODE(debug.stat().st_mode) == 0o700
     files = sorted(debug.iterdir())
@@ -102,12 +114,16 @@ def test_debug_dir_is_private_and_redacted(start_proxy: ProxyFactory, upstream: 
         assert stat.S_IMODE(f.stat().st_mode) == 0o600
         text = f.read_text()
         for secret in ("sk-ant-secret-key", "oauth-secret-token", "cookie-secret",
-                       "sk-in-body-secret"):
+                       "sk-in-body-secret", "dev-1", "acct-secret",
+                       *(v for k, v in GATEWAY_HEADERS.items() if k != "x-trace-id")):
             assert secret not in text
     dumped_in, dumped_out = (orjson.loads(f.read_bytes()) for f in files)
     assert len(dumped_in["body"]["messages"]) == len(body["messages"])
     assert len(dumped_out["body"]["messages"]) == len(upstream.requests[-1].body["messages"])
     assert dumped_in["body"]["max_tokens"] == 64  # not mistaken for a credential
+    assert orjson.loads(dumped_in["body"]["metadata"]["user_id"])["session_id"] == \
+        "5f0c-claude-session"
+    assert dumped_in["headers"]["x-trace-id"] == "trace-1"  # not a credential
     assert os.stat(files[0]).st_uid == os.getuid()
 
 
