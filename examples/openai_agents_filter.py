@@ -7,8 +7,14 @@ API and calls a ``read_file`` tool 30 times. For a real model, drop the stand-in
 
 import asyncio
 
-from agents import (Agent, OpenAIResponsesModel, RunConfig, Runner, function_tool,
-                    set_tracing_disabled)
+from agents import (
+    Agent,
+    OpenAIResponsesModel,
+    RunConfig,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 
 from agentcompact.integrations.openai_agents import CompactionFilter
