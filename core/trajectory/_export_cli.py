@@ -19,9 +19,9 @@ from pathlib import Path
 from ..errors import AgentCompactError
 from .export import (
     ADVANTAGES,
-    UNREWARDED,
     DEFAULT_MASKED_STOP_REASONS,
     MAX_AUTO_WORKERS,
+    UNREWARDED,
     ExportOptions,
     export_runs,
 )

@@ -399,20 +399,36 @@ class _Context:
 
 def _export_episode(ctx: _Context, job: _Job) -> _Done:
     """Read one episode's events back, cut them into segments and build its rows."""
-    opts = ctx.opts
     items = list(_episode_items(ctx, job.spans))
+    first, last = job.spans[0], job.spans[-1]
+    segs = _segments(items, ctx.tok, ctx.opts, job.episode_id,
+                     f"{ctx.logs[first[0]]}:{first[3]}-{last[3]}: ")
+    return _finish(job, segs, _count_compactions(items), ctx.tok, ctx.opts)
+
+
+def _segments(items: Sequence[tuple[str, Any]], tok: ChatTokenizer, opts: ExportOptions,
+              episode_id: str, where: str) -> list[Segment]:
+    """The episode's segments; a malformed event is a ``TrajectoryError`` naming ``where``
+    (its place in the log) and the episode, never a value."""
     try:
-        segs = build_segments(items, ctx.tok, summary_trained=opts.summary_trained,
+        return build_segments(items, tok, summary_trained=opts.summary_trained,
                               verify=opts.verify_tokens, keep_messages=opts.keep_messages,
                               keep_prompts=opts.keep_prompts)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        first, last = job.spans[0], job.spans[-1]
         raise TrajectoryError(
-            f"{ctx.logs[first[0]]}:{first[3]}-{last[3]}: episode {job.episode_id!r}: a "
-            f"malformed event ({type(exc).__name__} while building its segments)") from None
+            f"{where}episode {episode_id!r}: a malformed event ({type(exc).__name__} while "
+            "building its segments)") from None
+
+
+def _count_compactions(items: Sequence[tuple[str, Any]]) -> int:
+    return sum(1 for kind, _ in items if kind == "compaction")
+
+
+def _finish(job: _Job, segs: list[Segment], compactions: int, tok: ChatTokenizer,
+            opts: ExportOptions) -> _Done:
+    """One episode's rows, advantages and episode-table row from its segments."""
     adv = {} if job.advantage is None else {job.episode_id: job.advantage}
-    rows = _with_advantages(_rows(job, segs, ctx.tok, opts), adv, opts)
-    compactions = sum(1 for kind, _ in items if kind == "compaction")
+    rows = _with_advantages(_rows(job, segs, tok, opts), adv, opts)
     return _Done(rows, _episode_row(rows, segs, compactions),
                  calls=sum(s.num_calls for s in segs), compactions=compactions,
                  breaks=[s.break_reason for s in segs if s.break_reason],

@@ -160,8 +160,9 @@ def test_assign_gae_chains_segments_by_index_not_by_row_order() -> None:
         assert got["returns"] == ordered[i]["returns"]
 
 
-@pytest.mark.parametrize("indices, problem", [([0, 0], "duplicate segment_index"),
-                                               ([0, 2], r"segment indices \[0, 2\] are not 0\.\.1")])
+@pytest.mark.parametrize("indices, problem", [
+    ([0, 0], "duplicate segment_index"),
+    ([0, 2], r"segment indices \[0, 2\] are not 0\.\.1")])
 def test_assign_gae_refuses_duplicate_or_missing_segments(indices: list[int],
                                                           problem: str) -> None:
     rows = [dict(r, segment_index=i) for r, i in
