@@ -51,7 +51,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -70,6 +70,7 @@ __all__ = [
     "ENV_TIMEOUT",
     "ENV_WINDOW",
     "CallInfo",
+    "LocalSummarizer",
     "Summarizer",
     "SummarizerOverflow",
     "SummaryOutput",
@@ -395,6 +396,85 @@ class AsyncSession:
         async for chunk in response:
             acc.add(chunk)
         return acc.output(time.perf_counter() - t0)
+
+
+#: ``generate(prompt, max_tokens, sampling) -> SummaryOutput`` of a :class:`LocalSummarizer`
+LocalGenerate = Callable[[list[dict[str, Any]], int, dict[str, Any]], SummaryOutput]
+
+
+class LocalSummarizer(Summarizer):
+    """A summarizer backed by a function of this process instead of an HTTP endpoint: the
+    policy being trained writing its own summaries in a training loop (the model in
+    memory, a trainer's inference engine), or any local model.
+
+    ``generate(prompt, max_tokens, sampling)`` gets the chat prompt, the output budget and
+    the sampling settings (:meth:`Summarizer.sampling`) and returns a
+    :class:`SummaryOutput`; for training, its ``sampled`` holds the prompt ids, the sampled
+    ids and their logprobs (``SampledTokens``), which the exporter trains on as they are.
+    Every call is reported through ``agentcompact_log_summary_call`` as for a server (the
+    settings, the policy version, the tokens); an exception of ``generate`` is reported
+    and raised as ``SummarizerError`` (the engine then falls back to cliff). The settings
+    and their checks are the :class:`Summarizer`'s (a trained one samples, never greedy).
+    """
+
+    def __init__(self, generate: LocalGenerate, *, model: str = "local",
+                 context_window: int = 32_000, trained: bool = False,
+                 temperature: float | None | _Default = _DEFAULT, top_p: float | None = None,
+                 top_k: int | None = None, policy_version: int = 0) -> None:
+        if context_window <= 0:
+            raise ConfigError(f"context_window must be positive, got {context_window}")
+        self._sampling_settings(temperature, top_p, top_k, trained, policy_version)
+        self.generate = generate
+        self.base_url, self.model, self.api_key = "local:", model, "EMPTY"
+        self.timeout, self.max_retries, self.backoff_s, self.backoff_max_s = 0.0, 0, 0.0, 0.0
+        self.stream, self.context_window, self.extra_body = False, context_window, {}
+        self.max_tokens_param = "max_tokens"
+        self.logprobs, self.return_token_ids = trained, False
+        self._log_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LocalSummarizer(model={self.model!r})"
+
+    @contextmanager
+    def session(self) -> Iterator[SyncSession]:
+        yield _LocalSession(self, None)
+
+    @asynccontextmanager
+    async def asession(self) -> AsyncIterator[AsyncSession]:
+        yield _LocalAsyncSession(self, None)
+
+    def run(self, prompt: list[dict[str, Any]], max_tokens: int, info: CallInfo
+            ) -> SummaryOutput:
+        """One call of ``generate``, timed and reported."""
+        t0 = time.perf_counter()
+        try:
+            output = self.generate(prompt, max(1, int(max_tokens)), self.sampling())
+            output = _checked(output.text, dict(output.usage),
+                              output.latency_s or time.perf_counter() - t0,
+                              output.finish_reason, output.sampled)
+        except Exception as exc:
+            error = exc if isinstance(exc, SummarizerError) else SummarizerError(
+                f"local summarizer failed: {type(exc).__name__}")
+            self.log(info, prompt, None, time.perf_counter() - t0, str(error))
+            raise error from exc
+        self.log(info, prompt, output, output.latency_s, None)
+        return output
+
+
+class _LocalSession(SyncSession):
+    summarizer: LocalSummarizer
+
+    def summarize(self, prompt: list[dict[str, Any]], max_tokens: int,
+                  info: CallInfo) -> SummaryOutput:
+        return self.summarizer.run(prompt, max_tokens, info)
+
+
+class _LocalAsyncSession(AsyncSession):
+    summarizer: LocalSummarizer
+
+    async def summarize(self, prompt: list[dict[str, Any]], max_tokens: int,
+                        info: CallInfo) -> SummaryOutput:
+        return self.summarizer.run(prompt, max_tokens, info)
 
 
 # --- helpers ------------------------------------------------------------------------
