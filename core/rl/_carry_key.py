@@ -176,8 +176,8 @@ def _wordlevel(words: Sequence[str]) -> Any:
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # words joined by spaces
     backend.add_special_tokens(list(SPECIAL))
-    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS, pad_token=PAD,
-                                 unk_token="[UNK]")
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=EOS,  # type: ignore[no-untyped-call]
+                                 pad_token=PAD, unk_token="[UNK]")
     hf.chat_template = CHAT_TEMPLATE
     return hf
 
@@ -201,7 +201,7 @@ def tiny_qwen2(vocab: int, size: PolicySize, seed: int) -> Any:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config = Qwen2Config(  # type: ignore[call-arg]  # attn_implementation: a PretrainedConfig kwarg
         vocab_size=vocab, hidden_size=size.hidden, intermediate_size=size.intermediate,
         num_hidden_layers=size.layers, num_attention_heads=size.heads,
         num_key_value_heads=size.kv_heads, max_position_embeddings=size.max_positions,

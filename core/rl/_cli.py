@@ -46,6 +46,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     demo.add_argument("--plot", type=Path, default=Path("rl-demo.png"),
                       help="PNG of the reward curves, with matplotlib (default %(default)s)")
     demo.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    demo.add_argument("--json", type=Path, default=None,
+                      help="also write the curves as JSON (rewards per iteration per arm)")
     demo.set_defaults(rl_run=_demo)
     return p
 
@@ -80,6 +82,9 @@ def _demo(args: argparse.Namespace) -> int:
                   f"sampled, largest micro-batch {curve.peak_batch_tokens} tokens")
     print(f"warm starts: {', '.join(f'{s:.0f} s' for s in report.warm_start_s.values())}; "
           f"total {report.wall_s:.0f} s")
+    if args.json is not None:
+        args.json.write_text(report.to_json())
+        print(f"curves: {args.json}")
     if not args.no_plot:
         if plot(report, args.plot):
             print(f"plot: {args.plot}")

@@ -23,7 +23,7 @@ import torch
 
 from agentcompact._events import EpisodeEnd, ModelCall
 from agentcompact._summarizer import LocalSummarizer, SummaryOutput
-from agentcompact.rl.ppo import collate_step, policy_loss_from_hidden
+from agentcompact.rl.ppo import OldLogprobs, collate_step, policy_loss_from_hidden
 from agentcompact.rl.torch_data import move_to
 from agentcompact.trajectory._sampled import SampledTokens
 
@@ -260,7 +260,8 @@ def end_episode(engine: Any, episode_id: str, group_id: str, sample_index: int,
 
 
 def train_on(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[dict[str, Any]],
-             pad: int, *, micro_batch: int, epochs: int = 1, old_logprobs: str = "rollout",
+             pad: int, *, micro_batch: int, epochs: int = 1,
+             old_logprobs: OldLogprobs = "rollout",
              mode: str = "token-mean", device: str = "cpu") -> tuple[float, int]:
     """``epochs`` optimizer steps on ``rows`` with the project's loss (``collate_step``:
     micro-batches weighted by the step's global token count; ``policy_loss_from_hidden``:
@@ -278,7 +279,7 @@ def train_on(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[dict[s
                                  attention_mask=batch["attention_mask"],
                                  position_ids=batch["position_ids"]).last_hidden_state
             loss = policy_loss_from_hidden(hidden, model.lm_head.weight, batch,
-                                           old_logprobs=old_logprobs,  # type: ignore[arg-type]
+                                           old_logprobs=old_logprobs,
                                            vocab_chunk=4096)
             loss.backward()
             total += float(loss.detach())

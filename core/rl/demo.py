@@ -117,6 +117,14 @@ class DemoReport:
     def finals(self, arm: str) -> list[float]:
         return [c.final for c in self.curves if c.arm == arm]
 
+    def to_json(self) -> str:
+        import dataclasses
+        import json
+
+        return json.dumps({"config": dataclasses.asdict(self.config), "chance": self.chance,
+                           "wall_s": self.wall_s, "warm_start_s": self.warm_start_s,
+                           "curves": [dataclasses.asdict(c) for c in self.curves]}, indent=1)
+
 
 # --------------------------------------------------------------------------- the setup
 
@@ -279,9 +287,10 @@ def _demonstrations(setup: _Setup, teacher: _Teacher, episodes: int, prefix: str
         end_episode(engine, eid, eid, 0, 1.0)
     rows = rows_from_events(collector.finished(), setup.chat,
                             ExportOptions(advantage="none")).rows
-    for row in rows:
+    out: list[dict[str, Any]] = rows
+    for row in out:
         row["advantages"] = np.asarray(row["response_mask"], dtype=np.float32)
-    return rows
+    return out
 
 
 def _warm_start(setup: _Setup, model: Any, seed: int) -> None:
@@ -358,7 +367,8 @@ def _run_arm(setup: _Setup, arm: str, model: Any, seed: int,
     curve = ArmCurve(arm, seed)
     t0 = time.perf_counter()
     for it in range(config.iterations):
-        jobs, order = [], {}
+        jobs: list[Callable[[], float]] = []
+        order: dict[str, int] = {}
         for g in range(config.groups):
             spec, gid = setup.task.sample(rng), f"it{it}-g{g}"
             for s in range(config.samples):

@@ -119,3 +119,37 @@ def test_a_local_summarizer_reports_its_calls_and_failures() -> None:
     assert calls[0].trained and calls[0].policy_version == 5
     with pytest.raises(ConfigError, match="greedy"):
         LocalSummarizer(generate, trained=True, temperature=0)
+
+
+def test_the_gpu_script_runs_dry_on_a_cpu() -> None:
+    """benchmarks/rl_loop_gpu.py --dry-run, run as a user runs it: the same loop with the
+    real Qwen tokenizer and a tiny random Qwen2 on a CPU (so it cannot rot without a GPU)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.rl.rowkit import QWEN_TOKENIZER
+
+    if not QWEN_TOKENIZER.exists():
+        pytest.skip(f"tokenizer absent: {QWEN_TOKENIZER}")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "rl_loop_gpu.py"),
+                           "--dry-run", "--tokenizer", str(QWEN_TOKENIZER)], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "device cpu; 1 iterations of 2 x 2 rollouts" in out and "tokens/s" in out
+    assert "largest micro-batch 0 tokens" not in out  # the training step ran
+
+
+def test_the_rl_command_is_listed_and_refuses_bad_seeds(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from agentcompact._cli import main
+
+    assert main(["rl"]) == 2
+    assert "choose a command: demo" in capsys.readouterr().err
+    assert main(["rl", "demo", "--seeds", "a,b"]) == 2
+    assert "--seeds takes integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["rl", "demo", "--help"])
+    assert "--iterations" in capsys.readouterr().out
