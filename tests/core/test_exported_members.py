@@ -79,6 +79,7 @@ PUBLIC: dict[str, list[str]] = {
         "validate_rows", "weights_for_rows", "write_jsonl", "write_parquet"],
     "agentcompact.rl.adapters": ["VERL_DATA_SOURCE", "VERL_PARQUET_SCHEMA", "require_logprobs",
         "to_skyrl", "to_trl_rollout", "to_trl_sft", "to_verl", "to_verl_parquet"],
+    "agentcompact.rl.demo": ["ARMS", "ArmCurve", "DemoConfig", "DemoReport", "plot", "run_demo"],
     "agentcompact.rl.logprobs": ["DEFAULT_TOKEN_CHUNK", "DEFAULT_VOCAB_CHUNK", "chosen_logprobs",
         "chosen_logprobs_from_logits", "response_positions"],
     "agentcompact.rl.ppo": ["DUAL_CLIP_C", "OldLogprobs", "collate_step", "policy_loss",
