@@ -153,3 +153,23 @@ def test_the_rl_command_is_listed_and_refuses_bad_seeds(
     with pytest.raises(SystemExit):
         main(["rl", "demo", "--help"])
     assert "--iterations" in capsys.readouterr().out
+
+
+def test_the_demo_loop_runs_end_to_end_with_every_arm(tmp_path: Any) -> None:
+    """Small settings, every arm, one seed: warm start, rollouts through the engine, rows
+    in memory, PPO steps; the curves, the compactions and the plot come out. (A smoke test
+    of the loop: it asserts no learning — see docs/rl-loop.md for what was measured.)"""
+    from agentcompact.rl.demo import DemoConfig, plot, run_demo
+
+    config = DemoConfig(fillers=8, iterations=2, groups=2, samples=2, sft_episodes=8,
+                        sft_steps=4, seeds=(3,))
+    lines: list[str] = []
+    report = run_demo(config, progress=lines.append)
+    assert [(c.arm, len(c.rewards)) for c in report.curves] == [
+        ("trained", 2), ("frozen", 2), ("cliff", 2)]
+    assert all(min(c.compactions) >= 2 for c in report.curves)  # the window, passed twice
+    assert all(0.0 <= r <= 1.0 for c in report.curves for r in c.rewards)
+    assert len(lines) == 1 + 3 * 2 and report.chance == 0.25
+    assert '"arm": "cliff"' in report.to_json()
+    pytest.importorskip("matplotlib")
+    assert plot(report, tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size
