@@ -18,9 +18,9 @@ warm-started weights:
 
 Warm start: a short SFT on demonstrations played through the same engine by a scripted
 teacher who acts, answers the key when its context shows one, and writes one-word
-summaries that name the key with probability ``prior_key`` (0.1), else an observed filler
-word — so the warm-started policy carries the key about one time in ten, and learning to
-carry it is left to RL.
+summaries (first the key, to teach copying it; then the key with probability
+``prior_key``, else an observed filler word) — so the warm-started policy reads a key from
+a summary and carries it now and then, and learning to carry it is left to RL.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class DemoConfig:
     fillers: int = 10
     trigger_tokens: int = 80
     target_tokens: int = 56
-    iterations: int = 30
-    groups: int = 8
+    iterations: int = 25
+    groups: int = 16
     samples: int = 8
     lr: float = 2e-3
     ppo_epochs: int = 2
@@ -68,7 +68,7 @@ class DemoConfig:
     sft_batch: int = 32
     #: the warm start's summaries name the key with this probability (else an observed
     #: filler word): the exploration RL starts from, and about what the control keeps
-    prior_key: float = 0.1
+    prior_key: float = 0.15
     hidden: int = 64
     layers: int = 2
     seeds: tuple[int, ...] = (0,)
