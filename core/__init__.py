@@ -24,7 +24,7 @@ from ._pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
 from ._redact import redact
 from ._settings import StrategySettings
 from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore
-from ._summarizer import Summarizer, SummaryOutput
+from ._summarizer import LocalSummarizer, Summarizer, SummaryOutput
 from ._tenants import SINGLE_TENANT, Tenant, tenant_of
 from ._tokens import CharEstimateCounter, HFTokenizerCounter, TiktokenCounter, TokenCounter
 from ._turns import Turns, split_turns, validate
@@ -78,6 +78,7 @@ __all__ = [
     "ExportError",
     "HFTokenizerCounter",
     "InMemoryPrefixStore",
+    "LocalSummarizer",
     "MemoryArchive",
     "ModelCall",
     "OverBudgetError",

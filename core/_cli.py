@@ -1,5 +1,6 @@
 """The ``agentcompact`` command: ``demo``, ``plugins``, ``replay``, ``export``, ``proxy``,
-``run`` (a command behind a proxy), ``watch`` (a live view of a proxy), ``mcp``.
+``run`` (a command behind a proxy), ``watch`` (a live view of a proxy), ``mcp``, ``rl``
+(``rl demo``: closed-loop RL with compaction).
 
 Subcommands that need an extra are listed always; running one without its extra says
 which extra to install. An error is one line naming the problem and the fix; --debug
@@ -36,6 +37,8 @@ _EXTERNAL = {
               "live view of a running proxy's sessions"),
     "mcp": ("agentcompact.integrations._mcp_server", "mcp",
             "serve expand/search_dropped over an archive (MCP, stdio)"),
+    "rl": ("agentcompact.rl._cli", "rl",
+           "closed-loop RL with compaction (demo on a CPU)"),
 }
 
 

@@ -140,6 +140,9 @@ class SummaryCall:
     ``prompt_token_ids`` / ``response_token_ids`` / ``response_logprobs`` /
     ``response_token_bytes`` are what the summarizer's server reported of its sampled
     tokens, as for :class:`ModelCall` (``Summarizer(logprobs=...)`` asks for them).
+    ``request`` holds the sampling settings the summary was sent with (``temperature``,
+    ``top_p``, ``top_k``: the exporter writes them as the summary row's ``sampling``);
+    ``policy_version`` the version of the weights that wrote it.
     """
 
     episode_id: str | None
@@ -158,6 +161,8 @@ class SummaryCall:
     response_token_ids: list[int] | None = None
     response_logprobs: list[float] | None = None
     response_token_bytes: list[list[int]] | None = None
+    request: dict[str, Any] = field(default_factory=dict)
+    policy_version: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -31,7 +31,12 @@ Every call — successful or not — is reported through ``agentcompact_log_summ
 with a :class:`~agentcompact._events.SummaryCall` (prompt, output, usage, latency, error).
 
 Recording for RL: a trained summarizer (``trained=True``: the policy writes its own
-summaries) asks for ``logprobs`` by default (``logprobs=`` overrides), and with
+summaries) samples at the policy's settings — ``temperature`` defaults to 1.0 (not 0:
+a greedy summary has no exploration and its logprobs would pair with a ratio computed at
+another temperature), greedy is refused, ``top_p`` / ``top_k`` are sent when given — and
+every ``SummaryCall`` records the settings it was sent with (``SummaryCall.request``) and
+the summarizer's ``policy_version`` (the loop that updates the weights sets it). It asks
+for ``logprobs`` by default (``logprobs=`` overrides), and with
 ``return_token_ids=True`` for vLLM's ``prompt_token_ids`` / ``token_ids`` (vLLM's
 OpenAI-compatible server; OpenAI's own API rejects the field, so it is off by default).
 What the server reports of its sampled tokens goes into the ``SummaryCall``, and the
@@ -46,7 +51,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -65,6 +70,7 @@ __all__ = [
     "ENV_TIMEOUT",
     "ENV_WINDOW",
     "CallInfo",
+    "LocalSummarizer",
     "Summarizer",
     "SummarizerOverflow",
     "SummaryOutput",
@@ -77,6 +83,16 @@ ENV_TIMEOUT = "AGENTCOMPACT_SUMMARIZER_TIMEOUT"
 ENV_WINDOW = "AGENTCOMPACT_SUMMARIZER_WINDOW"
 
 _RETRY_STATUSES = frozenset({408, 409, 429})
+
+
+class _Default:
+    """The type of ``_DEFAULT``: an argument not given (``None`` means "not sent")."""
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+_DEFAULT = _Default()
 
 
 @dataclass(frozen=True)
@@ -115,13 +131,19 @@ class Summarizer:
         to it by the strategies (``prompt + max_tokens <= context_window``); env
         ``AGENTCOMPACT_SUMMARIZER_WINDOW`` (32000). Set it for small local models (an
         8k llama.cpp server): a prompt over the window fails there, not here.
-    :param temperature: sampling temperature (0: as deterministic as the server allows).
+    :param temperature: sampling temperature; default 0 (as deterministic as the server
+        allows), or 1.0 when ``trained`` (the policy's own sampling; 0 or ``None`` is then
+        refused: give the temperature the policy samples at).
+    :param top_p: nucleus sampling, sent when given.
+    :param top_k: top-k sampling (vLLM / SGLang), sent in ``extra_body`` when given.
     :param extra_body: extra JSON fields for every request (e.g. vLLM's ``top_k``).
     :param max_tokens_param: ``"max_tokens"`` (default, widest support) or
         ``"max_completion_tokens"`` (OpenAI reasoning models).
     :param trained: the summaries are the policy's own samples (trained, SUPO-style).
     :param logprobs: ask for per-token ``logprobs`` (default: when ``trained``).
     :param return_token_ids: ask a vLLM server for the prompt and sampled token ids.
+    :param policy_version: the version of the weights that sample the summaries, recorded
+        on every ``SummaryCall`` (a training loop updates ``summarizer.policy_version``).
     """
 
     def __init__(
@@ -136,12 +158,15 @@ class Summarizer:
         backoff_max_s: float = 8.0,
         stream: bool = False,
         context_window: int | None = None,
-        temperature: float | None = 0.0,
+        temperature: float | None | _Default = _DEFAULT,
+        top_p: float | None = None,
+        top_k: int | None = None,
         extra_body: dict[str, Any] | None = None,
         max_tokens_param: str = "max_tokens",
         trained: bool = False,
         logprobs: bool | None = None,
         return_token_ids: bool = False,
+        policy_version: int = 0,
     ) -> None:
         self.base_url = base_url or os.environ.get(ENV_BASE_URL) or ""
         self.model = model or os.environ.get(ENV_MODEL) or ""
@@ -149,6 +174,7 @@ class Summarizer:
             raise ConfigError(
                 "summarizer needs base_url and model (arguments, or the environment "
                 f"variables {ENV_BASE_URL} and {ENV_MODEL})")
+        self._sampling_settings(temperature, top_p, top_k, trained, policy_version)
         self.api_key = api_key or os.environ.get(ENV_API_KEY) or "EMPTY"
         self.timeout = _env_number(timeout, ENV_TIMEOUT, 60.0, float)
         context_window = _env_number(context_window, ENV_WINDOW, 32_000, int)
@@ -163,13 +189,42 @@ class Summarizer:
         self.backoff_max_s = backoff_max_s
         self.stream = stream
         self.context_window = context_window
-        self.temperature = temperature
         self.extra_body = dict(extra_body or {})
         self.max_tokens_param = max_tokens_param
-        self.trained = trained
         self.logprobs = trained if logprobs is None else bool(logprobs)
         self.return_token_ids = bool(return_token_ids)
         self._log_lock = threading.Lock()
+
+    def _sampling_settings(self, temperature: float | None | _Default, top_p: float | None,
+                           top_k: int | None, trained: bool, policy_version: int) -> None:
+        """``temperature`` (its default by ``trained``), ``top_p``, ``top_k``, ``trained``
+        and ``policy_version``, checked: a trained summarizer samples."""
+        if isinstance(temperature, _Default):
+            temperature = 1.0 if trained else 0.0
+        if trained and not temperature:
+            raise ConfigError(
+                f"a trained summarizer samples its summaries as the policy samples its turns: "
+                f"temperature={temperature!r} is greedy or unknown; give the policy's "
+                "temperature (e.g. 1.0), or trained=False for a frozen summarizer")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+            raise ConfigError(f"top_k must be an int, got {top_k!r}")
+        self.temperature: float | None = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.trained = trained
+        self.policy_version = int(policy_version)
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling settings every request is sent with (what ``SummaryCall.request``
+        records and the exporter writes as the summary row's ``sampling``): ``temperature``,
+        ``top_p``, ``top_k`` — given here or in ``extra_body`` — when set."""
+        out: dict[str, Any] = {}
+        for key in ("temperature", "top_p", "top_k"):
+            value = getattr(self, key)
+            value = self.extra_body.get(key) if value is None else value
+            if value is not None:
+                out[key] = value
+        return out
 
     def __repr__(self) -> str:  # never show the key
         return f"Summarizer(base_url={self.base_url!r}, model={self.model!r})"
@@ -203,13 +258,15 @@ class Summarizer:
                                   self.max_tokens_param: max(1, int(max_tokens))}
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
+        if self.top_p is not None:
+            kwargs["top_p"] = self.top_p
         if self.stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
         if self.logprobs:
             kwargs["logprobs"] = True
-        extra = {**self.extra_body, **({"return_token_ids": True}
-                                       if self.return_token_ids else {})}
+        extra = {**self.extra_body, **({"top_k": self.top_k} if self.top_k is not None else {}),
+                 **({"return_token_ids": True} if self.return_token_ids else {})}
         if extra:
             kwargs["extra_body"] = extra
         return kwargs
@@ -232,7 +289,8 @@ class Summarizer:
             episode_id=info.episode_id, strategy=info.strategy, prompt=prompt,
             output=output.text if output else "", usage=dict(output.usage) if output else {},
             model=self.model, block=info.block, latency_s=latency, error=error,
-            trained=self.trained, **(sampled.model_call_fields() if sampled else {}),
+            trained=self.trained, request=self.sampling(), policy_version=self.policy_version,
+            **(sampled.model_call_fields() if sampled else {}),
         )
         with self._log_lock:
             info.pm.hook.agentcompact_log_summary_call(call=call)
@@ -338,6 +396,85 @@ class AsyncSession:
         async for chunk in response:
             acc.add(chunk)
         return acc.output(time.perf_counter() - t0)
+
+
+#: ``generate(prompt, max_tokens, sampling) -> SummaryOutput`` of a :class:`LocalSummarizer`
+LocalGenerate = Callable[[list[dict[str, Any]], int, dict[str, Any]], SummaryOutput]
+
+
+class LocalSummarizer(Summarizer):
+    """A summarizer backed by a function of this process instead of an HTTP endpoint: the
+    policy being trained writing its own summaries in a training loop (the model in
+    memory, a trainer's inference engine), or any local model.
+
+    ``generate(prompt, max_tokens, sampling)`` gets the chat prompt, the output budget and
+    the sampling settings (:meth:`Summarizer.sampling`) and returns a
+    :class:`SummaryOutput`; for training, its ``sampled`` holds the prompt ids, the sampled
+    ids and their logprobs (``SampledTokens``), which the exporter trains on as they are.
+    Every call is reported through ``agentcompact_log_summary_call`` as for a server (the
+    settings, the policy version, the tokens); an exception of ``generate`` is reported
+    and raised as ``SummarizerError`` (the engine then falls back to cliff). The settings
+    and their checks are the :class:`Summarizer`'s (a trained one samples, never greedy).
+    """
+
+    def __init__(self, generate: LocalGenerate, *, model: str = "local",
+                 context_window: int = 32_000, trained: bool = False,
+                 temperature: float | None | _Default = _DEFAULT, top_p: float | None = None,
+                 top_k: int | None = None, policy_version: int = 0) -> None:
+        if context_window <= 0:
+            raise ConfigError(f"context_window must be positive, got {context_window}")
+        self._sampling_settings(temperature, top_p, top_k, trained, policy_version)
+        self.generate = generate
+        self.base_url, self.model, self.api_key = "local:", model, "EMPTY"
+        self.timeout, self.max_retries, self.backoff_s, self.backoff_max_s = 0.0, 0, 0.0, 0.0
+        self.stream, self.context_window, self.extra_body = False, context_window, {}
+        self.max_tokens_param = "max_tokens"
+        self.logprobs, self.return_token_ids = trained, False
+        self._log_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LocalSummarizer(model={self.model!r})"
+
+    @contextmanager
+    def session(self) -> Iterator[SyncSession]:
+        yield _LocalSession(self, None)
+
+    @asynccontextmanager
+    async def asession(self) -> AsyncIterator[AsyncSession]:
+        yield _LocalAsyncSession(self, None)
+
+    def run(self, prompt: list[dict[str, Any]], max_tokens: int, info: CallInfo
+            ) -> SummaryOutput:
+        """One call of ``generate``, timed and reported."""
+        t0 = time.perf_counter()
+        try:
+            output = self.generate(prompt, max(1, int(max_tokens)), self.sampling())
+            output = _checked(output.text, dict(output.usage),
+                              output.latency_s or time.perf_counter() - t0,
+                              output.finish_reason, output.sampled)
+        except Exception as exc:
+            error = exc if isinstance(exc, SummarizerError) else SummarizerError(
+                f"local summarizer failed: {type(exc).__name__}")
+            self.log(info, prompt, None, time.perf_counter() - t0, str(error))
+            raise error from exc
+        self.log(info, prompt, output, output.latency_s, None)
+        return output
+
+
+class _LocalSession(SyncSession):
+    summarizer: LocalSummarizer
+
+    def summarize(self, prompt: list[dict[str, Any]], max_tokens: int,
+                  info: CallInfo) -> SummaryOutput:
+        return self.summarizer.run(prompt, max_tokens, info)
+
+
+class _LocalAsyncSession(AsyncSession):
+    summarizer: LocalSummarizer
+
+    async def summarize(self, prompt: list[dict[str, Any]], max_tokens: int,
+                        info: CallInfo) -> SummaryOutput:
+        return self.summarizer.run(prompt, max_tokens, info)
 
 
 # --- helpers ------------------------------------------------------------------------

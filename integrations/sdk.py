@@ -180,6 +180,7 @@ class Session:
             engine.pm if isinstance(engine, Engine) else None)
         self.episode_id = episode_id or new_id()
         self.group_id = group_id
+        self.policy_version = 0
         self.record = record
         self.converted = _Converted()
         self.lock = threading.Lock()
@@ -208,7 +209,7 @@ class Session:
             response=_json_safe(_unparsed(got.response)), request=_request_fields(kwargs),
             usage=_json_safe(got.usage or {}), model=str(got.model) if got.model else None,
             compacted=bool(result is not None and result.modified), group_id=self.group_id,
-            **got.model_call_fields(),
+            policy_version=self.policy_version, **got.model_call_fields(),
         )
         log_model_call(call, self.pm)
 
@@ -657,6 +658,21 @@ class CompactedClient:
     @group_id.setter
     def group_id(self, value: str | None) -> None:
         self.session.group_id = value
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights serving this client (RL: the training loop sets it
+        after each update), recorded on every ``ModelCall`` and on the summaries of a
+        trained summarizer of its engines."""
+        return self.session.policy_version
+
+    @policy_version.setter
+    def policy_version(self, value: int) -> None:
+        self.session.policy_version = int(value)
+        for engine in self.session.engines.values():
+            summarizer = getattr(engine.strategy, "summarizer", None)
+            if summarizer is not None and getattr(summarizer, "trained", False):
+                summarizer.policy_version = int(value)
 
     @property
     def engines(self) -> dict[str, Engine]:

@@ -145,13 +145,18 @@ def assign_gae(
     """Chain GAE per episode over ``rows`` (critic ``values`` per row); fill ``advantages``
     (whitened over the batch unless ``whiten=False``) and ``returns``, as float32.
 
-    Rows of an episode must be in segment order. Masked episodes get zero advantages.
+    Rows may come in any order (trainers shuffle): the chain of an episode runs over its
+    rows sorted by ``segment_index``, which must be ``0..K-1`` exactly once each (a
+    duplicate or a gap raises ``ExportError``: the chain would bootstrap from the wrong
+    state). Results are returned in the order of ``rows``. Masked episodes get zero
+    advantages.
     """
     if len(values) != len(rows):
         raise ExportError(f"{len(values)} value arrays for {len(rows)} rows")
     adv: list[FloatArray] = [np.zeros(0)] * len(rows)
     ret: list[FloatArray] = [np.zeros(0)] * len(rows)
-    for positions in episodes_of(rows).values():
+    for eid, found in episodes_of(rows).items():
+        positions = _chain_order(eid, rows, found)
         segs = [GAESegment(token_rewards(rows[p]), values[p], rows[p]["response_mask"])
                 for p in positions]
         for p, (a, r) in zip(positions, chain_gae(segs, gamma, lam, truncated), strict=True):
@@ -162,6 +167,20 @@ def assign_gae(
     return [dict(row, advantages=a.astype(np.float32).tolist(),
                  returns=r.astype(np.float32).tolist())
             for row, a, r in zip(rows, adv, ret, strict=True)]
+
+
+def _chain_order(eid: str, rows: Sequence[Mapping[str, Any]], positions: list[int]) -> list[int]:
+    """``positions`` (the rows of episode ``eid``) sorted by ``segment_index``; the
+    indices must be ``0..K-1``, each once."""
+    order = sorted(positions, key=lambda p: int(rows[p]["segment_index"]))
+    indices = [int(rows[p]["segment_index"]) for p in order]
+    if indices != list(range(len(order))):
+        dup = sorted({i for i in indices if indices.count(i) > 1})
+        what = f"duplicate segment_index {dup}" if dup else (
+            f"segment indices {indices} are not 0..{len(order) - 1}")
+        raise ExportError(f"episode {eid!r}: {what}; chain GAE needs each segment of the "
+                          "episode exactly once (pass all its rows, deduplicated)")
+    return order
 
 
 def _loss_mask(row: Mapping[str, Any]) -> NDArray[np.int64]:

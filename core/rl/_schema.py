@@ -341,7 +341,8 @@ def _check_episode(
         return
     _check_episode_totals(rows, positions, out)
     last = rows[positions[-1]]
-    if not last["mask_episode"] and (not last["response_mask"] or last["response_mask"][-1] != 1):
+    mask = last["response_mask"]  # a list, or an array (rows built in memory)
+    if not last["mask_episode"] and (len(mask) == 0 or mask[-1] != 1):
         out.add(positions[-1], last, "response_mask",
                 "last segment of an unmasked episode must end on a mask-1 token (the sampled EOS)")
 

@@ -63,6 +63,7 @@ from ._summary import (
     run_job_sync,
     summarized_items,
     summary_entries,
+    training_cache_size,
 )
 
 __all__ = ["Block", "ParallelStrategy", "balanced_blocks"]
@@ -117,7 +118,9 @@ class ParallelStrategy:
     :param block_output_tokens: fixed output budget per block (default: proportional).
     :param min_block_output_tokens: smallest useful per-block budget.
     :param prompt: system prompt replacing the default (``{max_tokens}`` substituted).
-    :param cache_size: block summaries remembered (0: no cache, no incremental reuse).
+    :param cache_size: block summaries remembered (0: no cache, no incremental reuse);
+        default 4096, or 0 for a trained summarizer (which refuses a cache: each summary
+        must be the current policy's sample, logged and trained in its own episode).
     """
 
     name = "parallel"
@@ -125,11 +128,13 @@ class ParallelStrategy:
     def __init__(self, summarizer: Summarizer | None = None, *, block_tokens: int = 8_000,
                  blocks: int | None = None, max_concurrency: int = 8,
                  block_output_tokens: int | None = None, min_block_output_tokens: int = 48,
-                 prompt: str | None = None, cache_size: int = 4096, **client: Any) -> None:
+                 prompt: str | None = None, cache_size: int | None = None,
+                 **client: Any) -> None:
         if block_tokens <= 0 or (blocks is not None and blocks <= 0) or max_concurrency <= 0:
             raise ConfigError(f"parallel: block_tokens={block_tokens}, blocks={blocks}, "
                               f"max_concurrency={max_concurrency} must be positive")
         self.summarizer = make_summarizer(summarizer, client)
+        cache_size = training_cache_size(self.summarizer, cache_size, 4096)
         self.block_tokens = block_tokens
         self.blocks = blocks
         self.max_concurrency = max_concurrency

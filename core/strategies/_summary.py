@@ -23,7 +23,12 @@ is substituted) or the ``agentcompact_summary_prompt`` hook. The summary's outpu
 the request's ``budget_tokens`` (minus the header). Pinned messages are appended verbatim.
 
 Summaries are cached by the digest of the prompt sent (LRU, ``cache_size``), so an identical
-span is never summarized twice (replays, background pre-computation, several engines).
+span is never summarized twice (replays, background pre-computation, several engines) —
+except for a trained summarizer (the policy writes its own summaries, to be trained on):
+there every summary is a sample of the current policy, logged and trained in its own
+episode, so the cache is off (``cache_size`` > 0 is refused) and the cumulative memory is
+kept per episode; a cached summary would put another episode's or an older policy's
+summary into the prompt, with no call logged, never trained.
 On any summarizer failure the strategy raises ``SummarizerError``: the engine falls back
 to cliff and reports the error through ``on_compaction``; error text never reaches the context.
 """
@@ -59,6 +64,7 @@ __all__ = [
     "fit_text",
     "make_summarizer",
     "summary_entries",
+    "training_cache_size",
 ]
 
 DEFAULT_PROMPT = """\
@@ -326,8 +332,22 @@ def digest(*parts: Any) -> str:
 
 
 _CLIENT_KEYS = ("base_url", "model", "api_key", "timeout", "max_retries", "backoff_s",
-                "backoff_max_s", "stream", "context_window", "temperature", "extra_body",
-                "max_tokens_param", "trained", "logprobs", "return_token_ids")
+                "backoff_max_s", "stream", "context_window", "temperature", "top_p", "top_k",
+                "extra_body", "max_tokens_param", "trained", "logprobs", "return_token_ids",
+                "policy_version")
+
+
+def training_cache_size(summarizer: Summarizer, cache_size: int | None, default: int) -> int:
+    """The summary cache's size: ``default``, or 0 for a trained summarizer, which refuses
+    a cache (every summary must be the current policy's sample, logged in its episode)."""
+    if not summarizer.trained:
+        return default if cache_size is None else cache_size
+    if cache_size:
+        raise ConfigError(
+            f"cache_size={cache_size} with a trained summarizer: a cached summary enters "
+            "the prompt without a logged call, from another episode or an older policy, and "
+            "is never trained; leave cache_size unset (0 while training)")
+    return 0
 
 
 def make_summarizer(summarizer: Summarizer | None, settings: dict[str, Any]) -> Summarizer:
@@ -353,17 +373,19 @@ class SummaryStrategy:
     :param cumulative: feed the previous summary instead of earlier cycles' originals.
     :param overflow: ``"trim"`` (head+tail with a marker) or ``"split"`` (parts, in order).
     :param min_output_tokens: below this budget the strategy refuses (engine uses cliff).
-    :param cache_size: summaries remembered by prompt digest (0: no cache).
+    :param cache_size: summaries remembered by prompt digest (0: no cache); default 256,
+        or 0 for a trained summarizer (which refuses a cache).
     """
 
     name = "summary"
 
     def __init__(self, summarizer: Summarizer | None = None, *, prompt: str | None = None,
                  cumulative: bool = False, overflow: str = "trim", min_output_tokens: int = 64,
-                 cache_size: int = 256, **client: Any) -> None:
+                 cache_size: int | None = None, **client: Any) -> None:
         if overflow not in ("trim", "split"):
             raise ConfigError(f"overflow must be 'trim' or 'split', got {overflow!r}")
         self.summarizer = make_summarizer(summarizer, client)
+        cache_size = training_cache_size(self.summarizer, cache_size, 256)
         self.prompt = prompt or DEFAULT_PROMPT
         self.cumulative = cumulative
         self.overflow = overflow
@@ -483,8 +505,9 @@ class SummaryStrategy:
         return CallInfo(self.name, request.pm, request.episode_id, job.block)
 
     def _range_key(self, request: CompactionRequest, start: int, end: int) -> str:
-        return digest(self.summarizer.model, [request.dialect.digest(m)
-                                              for m in request.messages[start:end]])
+        scope = request.episode_id if self.summarizer.trained else None  # see the module doc
+        return digest(self.summarizer.model, scope, [request.dialect.digest(m)
+                                                     for m in request.messages[start:end]])
 
     def _rendered(self, request: CompactionRequest, plan: _Plan, texts: list[str]) -> Rendered:
         counter = request.meter.counter

@@ -21,6 +21,7 @@ from .export import (
     ADVANTAGES,
     DEFAULT_MASKED_STOP_REASONS,
     MAX_AUTO_WORKERS,
+    UNREWARDED,
     ExportOptions,
     export_runs,
 )
@@ -88,6 +89,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlong", choices=("mask", "drop"), default="mask",
                    help="an episode with a row over --max-tokens: mask it (zero loss, kept) "
                    "or drop it (not written); counted in the manifest")
+    p.add_argument("--unrewarded", choices=UNREWARDED, default="mask-group",
+                   help="an episode without a reward: mask its whole group (zero loss) or "
+                   "drop it (not written, left out of its group's statistics); never counted "
+                   "as reward 0; counted in the manifest")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -101,7 +106,7 @@ def _options(args: argparse.Namespace) -> ExportOptions:
         keep_prompts=not args.no_prompts, recompute_logprobs=args.recompute_logprobs,
         recompute_device=args.recompute_device,
         recompute_batch_tokens=args.recompute_batch_tokens, max_tokens=args.max_tokens,
-        overlong=args.overlong,
+        overlong=args.overlong, unrewarded=args.unrewarded,
     )
 
 

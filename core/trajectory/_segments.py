@@ -105,7 +105,11 @@ def _shape(call: ModelCall) -> str:
 
 
 def _sampling(call: ModelCall, logprobs_known: bool) -> dict[str, Any]:
-    req = call.request
+    return _sampling_of(call.request, logprobs_known)
+
+
+def _sampling_of(req: dict[str, Any], logprobs_known: bool) -> dict[str, Any]:
+    """A row's ``sampling`` from the request fields a call was sent with."""
 
     def num(key: str) -> float | None:
         value = req.get(key)
@@ -486,7 +490,10 @@ def _summary_segment(summary: SummaryCall, tok: ChatTokenizer, first: ModelCall,
         prompt_ids=stream.prompt_ids, response_ids=stream.response_ids,
         response_mask=stream.mask, rollout_logprobs=stream.logprobs if known else [0.0] * n,
         logprobs_known=known,
-        sampling=_sampling(first, known), policy_version=int(first.policy_version),
+        # the settings the summary was sampled at, never the agent's (an older log without
+        # them: unknown, None); the weights that wrote it
+        sampling=_sampling_of(summary.request, known),
+        policy_version=int(summary.policy_version),
         model=summary.model or first.model, num_calls=0, summary_span=[0, n],
         summary_trained=True, compaction_trigger=trigger, break_reason="summary",
         messages_json=orjson.dumps([*chat, answer]).decode() if keep_messages else None,

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -63,6 +63,7 @@ from ._tokenize import ChatTokenizer
 __all__ = [
     "ADVANTAGES",
     "DEFAULT_MASKED_STOP_REASONS",
+    "UNREWARDED",
     "MAX_AUTO_WORKERS",
     "ExportOptions",
     "available_cpus",
@@ -76,6 +77,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ADVANTAGES = ("grpo", "drgrpo", "rloo", "gae-chain", "gae-truncated", "none")
+#: what to do with an episode without a reward (a crashed rollout, a grader that failed):
+#: never count it as reward 0 in its group's statistics (that drags its group). ``mask-group``
+#: (default, as SkyRL): every episode of its group is written with ``mask_episode`` (zero
+#: loss); ``drop-episode``: it is not written and its group's statistics are computed over
+#: the rewarded episodes. Counted in the manifest and warned about either way.
+UNREWARDED = ("mask-group", "drop-episode")
 DEFAULT_MASKED_STOP_REASONS = frozenset({"context_length", "error", "timeout"})
 _ROW_GROUP_TOKENS = 1 << 20  # flush a Parquet row group at about this many tokens
 
@@ -118,6 +125,8 @@ class ExportOptions:
     #: an episode with a longer row: ``mask`` (kept, ``mask_episode``: zero loss) or
     #: ``drop`` (not written); counted in the manifest either way, never truncated
     overlong: str = "mask"
+    #: an episode without a reward: one of ``UNREWARDED`` (never a silent reward 0)
+    unrewarded: str = "mask-group"
 
     def check(self) -> None:
         if self.fmt not in ("parquet", "jsonl"):
@@ -131,6 +140,8 @@ class ExportOptions:
             raise ConfigError(f"mask_stop_reasons: unknown stop reasons {sorted(unknown)}")
         if self.overlong not in ("mask", "drop"):
             raise ConfigError(f"overlong {self.overlong!r}: choose mask or drop")
+        if self.unrewarded not in UNREWARDED:
+            raise ConfigError(f"unrewarded {self.unrewarded!r}: choose one of {UNREWARDED}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.recompute_batch_tokens < 1:
@@ -208,6 +219,10 @@ class _Outcome:
     stop_reason: str
     sample_index: int
     incomplete: bool
+    #: the episode_end carried a numeric reward
+    rewarded: bool = True
+    #: masked because an episode of its group has no reward (``unrewarded=mask-group``)
+    group_masked: bool = False
 
 
 def _outcomes(groups: Mapping[str, list[_Episode]]) -> dict[str, _Outcome]:
@@ -227,23 +242,66 @@ def _outcomes(groups: Mapping[str, list[_Episode]]) -> dict[str, _Outcome]:
                 stop_reason=stop if ep.end is not None else "error",
                 sample_index=pos if renumber else trial,
                 incomplete=ep.end is None or not isinstance(reward, (int, float)),
+                rewarded=isinstance(reward, (int, float)) and not isinstance(reward, bool),
             )
     return out
+
+
+@dataclass
+class _Unrewarded:
+    """What the ``unrewarded`` policy did (manifest counts)."""
+
+    episodes_unrewarded: int = 0
+    groups_unrewarded_masked: int = 0
+    episodes_unrewarded_dropped: int = 0
+
+
+def _unrewarded_policy(
+    groups: Mapping[str, list[_Episode]], outcomes: dict[str, _Outcome], opts: ExportOptions
+) -> tuple[dict[str, list[_Episode]], _Unrewarded]:
+    """Apply ``opts.unrewarded`` to the groups holding an episode without a reward: the
+    groups to write (``drop-episode``: those episodes left out) and what was done;
+    ``mask-group`` marks every outcome of such a group (``outcomes`` is updated)."""
+    done = _Unrewarded()
+    kept: dict[str, list[_Episode]] = {}
+    for gid, episodes in groups.items():
+        missing = [ep for ep in episodes if not outcomes[ep.episode_id].rewarded]
+        done.episodes_unrewarded += len(missing)
+        if missing and opts.unrewarded == "drop-episode":
+            done.episodes_unrewarded_dropped += len(missing)
+            episodes = [ep for ep in episodes if outcomes[ep.episode_id].rewarded]
+        elif missing:
+            done.groups_unrewarded_masked += 1
+            for ep in episodes:
+                outcomes[ep.episode_id] = replace(outcomes[ep.episode_id], group_masked=True)
+        if episodes:
+            kept[gid] = episodes
+    if done.episodes_unrewarded:
+        logger.warning(
+            "%d episode(s) without a reward: %s (unrewarded=%s), never counted as reward 0",
+            done.episodes_unrewarded,
+            f"{done.episodes_unrewarded_dropped} dropped" if opts.unrewarded == "drop-episode"
+            else f"their {done.groups_unrewarded_masked} group(s) masked", opts.unrewarded)
+    return kept, done
 
 
 def _episode_advantages(
     groups: Mapping[str, list[_Episode]], outcomes: Mapping[str, _Outcome], opts: ExportOptions
 ) -> dict[str, float]:
+    """Outcome advantages over the rewarded episodes of each group; an episode without a
+    reward (only in a masked group) gets 0."""
     table = [{"group_id": gid, "episode_id": ep.episode_id,
               "episode_reward": float(np.float32(outcomes[ep.episode_id].reward))}
-             for gid, eps in groups.items() for ep in eps]
+             for gid, eps in groups.items() for ep in eps if outcomes[ep.episode_id].rewarded]
     if opts.advantage == "grpo":
-        return grpo_advantages(table, eps=opts.eps)
-    if opts.advantage == "drgrpo":
-        return drgrpo_advantages(table)
-    if opts.advantage == "rloo":
-        return rloo_advantages(table)
-    return {}
+        adv = grpo_advantages(table, eps=opts.eps)
+    elif opts.advantage == "drgrpo":
+        adv = drgrpo_advantages(table)
+    elif opts.advantage == "rloo":
+        adv = rloo_advantages(table)
+    else:
+        return {}
+    return {ep.episode_id: adv.get(ep.episode_id, 0.0) for eps in groups.values() for ep in eps}
 
 
 # ----------------------------------------------------------------- pass 2: rows
@@ -341,20 +399,36 @@ class _Context:
 
 def _export_episode(ctx: _Context, job: _Job) -> _Done:
     """Read one episode's events back, cut them into segments and build its rows."""
-    opts = ctx.opts
     items = list(_episode_items(ctx, job.spans))
+    first, last = job.spans[0], job.spans[-1]
+    segs = _segments(items, ctx.tok, ctx.opts, job.episode_id,
+                     f"{ctx.logs[first[0]]}:{first[3]}-{last[3]}: ")
+    return _finish(job, segs, _count_compactions(items), ctx.tok, ctx.opts)
+
+
+def _segments(items: Sequence[tuple[str, Any]], tok: ChatTokenizer, opts: ExportOptions,
+              episode_id: str, where: str) -> list[Segment]:
+    """The episode's segments; a malformed event is a ``TrajectoryError`` naming ``where``
+    (its place in the log) and the episode, never a value."""
     try:
-        segs = build_segments(items, ctx.tok, summary_trained=opts.summary_trained,
+        return build_segments(items, tok, summary_trained=opts.summary_trained,
                               verify=opts.verify_tokens, keep_messages=opts.keep_messages,
                               keep_prompts=opts.keep_prompts)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        first, last = job.spans[0], job.spans[-1]
         raise TrajectoryError(
-            f"{ctx.logs[first[0]]}:{first[3]}-{last[3]}: episode {job.episode_id!r}: a "
-            f"malformed event ({type(exc).__name__} while building its segments)") from None
+            f"{where}episode {episode_id!r}: a malformed event ({type(exc).__name__} while "
+            "building its segments)") from None
+
+
+def _count_compactions(items: Sequence[tuple[str, Any]]) -> int:
+    return sum(1 for kind, _ in items if kind == "compaction")
+
+
+def _finish(job: _Job, segs: list[Segment], compactions: int, tok: ChatTokenizer,
+            opts: ExportOptions) -> _Done:
+    """One episode's rows, advantages and episode-table row from its segments."""
     adv = {} if job.advantage is None else {job.episode_id: job.advantage}
-    rows = _with_advantages(_rows(job, segs, ctx.tok, opts), adv, opts)
-    compactions = sum(1 for kind, _ in items if kind == "compaction")
+    rows = _with_advantages(_rows(job, segs, tok, opts), adv, opts)
     return _Done(rows, _episode_row(rows, segs, compactions),
                  calls=sum(s.num_calls for s in segs), compactions=compactions,
                  breaks=[s.break_reason for s in segs if s.break_reason],
@@ -367,7 +441,8 @@ def _rows(
     outcome = job.outcome
     k = len(segs)
     loss_tokens = sum(sum(s.response_mask) for s in segs)
-    masked = outcome.stop_reason in opts.mask_stop_reasons or outcome.incomplete
+    masked = (outcome.stop_reason in opts.mask_stop_reasons or outcome.incomplete
+              or outcome.group_masked)
     last_mask = segs[-1].response_mask
     masked = masked or not last_mask or last_mask[-1] != 1  # reward needs a sampled EOS
     rows = []
@@ -761,6 +836,10 @@ class _Counts:
     #: episodes with a row over ``max_tokens``: masked, or dropped (not written)
     episodes_overlong_masked: int = 0
     episodes_overlong_dropped: int = 0
+    #: episodes without a reward, and what ``unrewarded`` did with them
+    episodes_unrewarded: int = 0
+    groups_unrewarded_masked: int = 0
+    episodes_unrewarded_dropped: int = 0
     breaks: dict[str, int] = field(default_factory=dict)
 
     def add(self, done: _Done) -> None:
@@ -889,11 +968,11 @@ def _export_logs(
     if any(out.glob("segments-*")) or (out / "manifest.json").exists():
         raise ConfigError(f"{out}: already holds an export; choose an empty folder")
     index = _index(runs)
-    groups = index.groups()
-    outcomes = _outcomes(groups)
+    outcomes = _outcomes(index.groups())
+    groups, unrewarded = _unrewarded_policy(index.groups(), outcomes, opts)
     episode_adv = _episode_advantages(groups, outcomes, opts)
     counts = _Counts(groups=len(groups), episodes_without_calls=sum(
-        1 for ep in index.episodes.values() if not ep.calls))
+        1 for ep in index.episodes.values() if not ep.calls), **vars(unrewarded))
     total = sum(len(eps) for eps in groups.values())
     start_method = opts.start_method or default_start_method()
     recompute = _recomputer(opts)
@@ -927,9 +1006,24 @@ def _export_logs(
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (out / "README.md").write_text(dataset_card(manifest))
     _warn_zero_advantages(opts, counts)
+    _warn_critic_free_gae(opts.advantage)
     if opts.validate:
         validate_export(out)
     return manifest
+
+
+def _warn_critic_free_gae(advantage: str) -> None:
+    """Say plainly what a ``gae-*`` export is (docs/rl-math.md, "Which trainer takes chain
+    GAE"): values 0, and chain GAE across segments reproduced by no trainer's own code."""
+    if not advantage.startswith("gae"):
+        return
+    logger.warning(
+        "advantage %s: computed with V = 0 (the log has no critic), so it is the return, not "
+        "a critic's GAE; chain GAE across segments is only in agentcompact's loss: verl "
+        "recomputes GAE per row (each segment a separate sequence) unless the stored "
+        "advantages are used as they are, SkyRL refuses GAE with step_wise_trajectories, "
+        "TRL has no critic; use grpo for those trainers, or agentcompact.rl.assign_gae with "
+        "your critic's values", advantage)
 
 
 def _warn_zero_advantages(opts: ExportOptions, counts: _Counts) -> None:
@@ -1005,6 +1099,7 @@ def _manifest(index: _Index, tok: ChatTokenizer, opts: ExportOptions, counts: _C
         "logprobs": {"recomputed_with": opts.recompute_logprobs},
         "mask_stop_reasons": sorted(opts.mask_stop_reasons),
         "length": {"max_tokens": opts.max_tokens, "overlong": opts.overlong},
+        "unrewarded": opts.unrewarded,
         "counts": {k: v for k, v in vars(counts).items()},
         "files": {"segments": writer.files,
                   "episodes": {"path": writer.episodes_path.name, "rows": writer.episode_rows}},

@@ -322,6 +322,10 @@ def test_engine_instance_record_off_and_ids(oai: Any, pm: Any, collector: Collec
     other.episode_id, other.group_id = "ep-2", "g-2"
     other.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     assert (collector.calls[-1].episode_id, collector.calls[-1].group_id) == ("ep-2", "g-2")
+    assert collector.calls[-1].policy_version == 0
+    other.policy_version = 7  # a training loop, after an update: recorded on every call
+    other.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert collector.calls[-1].policy_version == 7
     with pytest.raises(ConfigError, match="unsupported client"):
         compact(object())
 

@@ -143,3 +143,29 @@ def test_assign_gae_zeroes_mask0_and_masked_episodes_and_whitens() -> None:
     assert statistics.stdev(kept) == pytest.approx(1.0, abs=1e-4)
     with pytest.raises(ExportError):
         assign_gae(rows, values[:2])
+
+
+def test_assign_gae_chains_segments_by_index_not_by_row_order() -> None:
+    """Shuffled rows (TRL shuffles its dataset) give every row the advantages it gets in
+    episode order: the chain follows ``segment_index``."""
+    rows = make_episode("e", [[1, 1], [1, 1], [1, 0, 1]], reward=1.0) + make_episode(
+        "f", [[1], [1, 1]], reward=0.0, sample_index=1, seed=3)
+    values = [[0.5, 0.6], [0.7, 0.8], [0.1, 0.2, 0.3], [0.4], [0.2, 0.9]]
+    ordered = assign_gae(rows, values, gamma=G, lam=L, whiten=False)
+    shuffle = [4, 2, 0, 3, 1]
+    shuffled = assign_gae([rows[i] for i in shuffle], [values[i] for i in shuffle],
+                          gamma=G, lam=L, whiten=False)
+    for got, i in zip(shuffled, shuffle, strict=True):
+        assert got["advantages"] == ordered[i]["advantages"]
+        assert got["returns"] == ordered[i]["returns"]
+
+
+@pytest.mark.parametrize("indices, problem", [
+    ([0, 0], "duplicate segment_index"),
+    ([0, 2], r"segment indices \[0, 2\] are not 0\.\.1")])
+def test_assign_gae_refuses_duplicate_or_missing_segments(indices: list[int],
+                                                          problem: str) -> None:
+    rows = [dict(r, segment_index=i) for r, i in
+            zip(make_episode("e", [[1], [1]]), indices, strict=True)]
+    with pytest.raises(ExportError, match=f"episode 'e': {problem}"):
+        assign_gae(rows, [[0.1], [0.2]], whiten=False)

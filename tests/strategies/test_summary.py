@@ -143,6 +143,43 @@ def test_identical_span_is_summarized_once(sim, pm) -> None:
     assert first.messages == again.messages
 
 
+def test_a_trained_summarizer_never_reuses_a_summary(sim, pm, log) -> None:
+    """While training, each episode's summary is the current policy's own sample, logged
+    in that episode: the same span in two episodes is summarized (and logged) twice, and a
+    cache is refused."""
+    server = sim()
+    strategy = SummaryStrategy(**client(server, trained=True))
+    msgs = history(14)
+    for episode in ("e1", "e2"):
+        Engine(strategy, plugins=pm, episode_id=episode, **BUDGET).compact(msgs)
+    assert len(server.requests) == 2
+    assert [c.episode_id for c in log.calls] == ["e1", "e2"]
+    with pytest.raises(ConfigError, match="cache_size=8 with a trained summarizer"):
+        SummaryStrategy(**client(server, trained=True), cache_size=8)
+
+
+def test_a_trained_summarizer_samples_at_the_policys_settings_and_records_them(
+        sim, pm, log) -> None:
+    """Not greedy: the policy's temperature (1.0 unless given), top_p and top_k are sent
+    and recorded on the ``SummaryCall`` with the policy version; greedy is refused."""
+    server = sim()
+    Engine(SummaryStrategy(**client(server, trained=True)), plugins=pm,
+           **BUDGET).compact(history(14))
+    assert server.requests[0].body["temperature"] == 1.0
+    assert log.calls[0].request == {"temperature": 1.0}
+    strategy = SummaryStrategy(**client(server, trained=True, top_p=0.9, top_k=20))
+    strategy.summarizer.policy_version = 4
+    Engine(strategy, plugins=pm, **BUDGET).compact(history(14))
+    body = server.requests[1].body
+    assert (body["temperature"], body["top_p"], body["top_k"]) == (1.0, 0.9, 20)
+    assert log.calls[1].request == {"temperature": 1.0, "top_p": 0.9, "top_k": 20}
+    assert log.calls[1].policy_version == 4
+    with pytest.raises(ConfigError, match="temperature=0.0 is greedy"):
+        SummaryStrategy(**client(server, trained=True, temperature=0.0))
+    frozen = SummaryStrategy(**client(server))  # a frozen summarizer stays greedy
+    assert frozen.summarizer.request_kwargs([], 10)["temperature"] == 0.0
+
+
 @pytest.mark.parametrize("fault", [Fault.http(500), Fault.hang(5), Fault.context_length(10)],
                          ids=["500", "timeout", "context-length"])
 def test_failures_fall_back_to_cliff(sim, pm, log, fault: Fault) -> None:
