@@ -272,6 +272,7 @@ class _State:
     engine: Engine
     prompts: _Prompts
     history: list[Any]
+    sampling: SamplingSettings
     rewards: list[float] = field(default_factory=list)
     stop_reason: str = "max_turns"
 
@@ -300,15 +301,17 @@ class CompactingRollout:
     async def run(self, messages: Sequence[dict[str, Any]], env: Environment,
                   sampler: Sampler, *, group_id: str, sample_index: int = 0,
                   episode_id: str | None = None, policy_version: int = 0,
-                  tools: list[dict[str, Any]] | None = None) -> EpisodeRows:
+                  tools: list[dict[str, Any]] | None = None,
+                  sampling: SamplingSettings | None = None) -> EpisodeRows:
         """Run one episode from the task ``messages`` (OpenAI chat messages) to its end and
         return its segment rows (zero advantages: :meth:`rows` gives the group's).
 
         :param tools: the tool schemas (OpenAI function shape) the prompt renders.
+        :param sampling: this episode's sampling settings (default: the settings').
         :raises ConfigError: the task alone is longer than ``max_context``.
         """
         state = self._start(messages, group_id, sample_index, episode_id, policy_version,
-                            tools)
+                            tools, sampling or self.settings.sampling)
         for _ in range(self.settings.max_turns):
             if await self._turn(state, env, sampler, tools):
                 break
@@ -324,14 +327,14 @@ class CompactingRollout:
 
     def _start(self, messages: Sequence[dict[str, Any]], group_id: str, sample_index: int,
                episode_id: str | None, policy_version: int,
-               tools: list[dict[str, Any]] | None) -> _State:
+               tools: list[dict[str, Any]] | None, sampling: SamplingSettings) -> _State:
         eid = episode_id or new_id()
         budget = Budget(trigger_tokens=self.settings.trigger_for(group_id))
         engine = Engine(strategy=self.settings.strategy, dialect=self.dialect, budget=budget,
                         counter=self.counter, plugins=self.pm, episode_id=eid)
         return _State(eid, group_id, sample_index, policy_version, engine,
                       _Prompts(self.tok, self.dialect, tools),
-                      [dict(m) for m in messages])
+                      [dict(m) for m in messages], sampling)
 
     async def _turn(self, state: _State, env: Environment, sampler: Sampler,
                     tools: list[dict[str, Any]] | None) -> bool:
@@ -346,8 +349,7 @@ class CompactingRollout:
                                   f"{len(prompt_ids)} tokens > max_context {limit}")
             state.stop_reason = "context_length"
             return True
-        settings = self.settings.sampling
-        sample = await sampler(prompt_ids, settings)
+        sample = await sampler(prompt_ids, state.sampling)
         text = self.tok.hf.decode(list(sample.token_ids), skip_special_tokens=True)
         step = await env.step(text, sample)
         assistant = step.assistant or {"role": "assistant", "content": text}
@@ -363,7 +365,7 @@ class CompactingRollout:
     def _record(self, state: _State, sent: list[Any], assistant: dict[str, Any],
                 prompt_ids: list[int], sample: Sample,
                 tools: list[dict[str, Any]] | None) -> None:
-        request: dict[str, Any] = {**self.settings.sampling.request(),
+        request: dict[str, Any] = {**state.sampling.request(),
                                    "logprobs_mode": sample.logprobs_mode}
         if tools:
             request["tools"] = tools

@@ -90,6 +90,7 @@ PUBLIC: dict[str, list[str]] = {
     "agentcompact.rl.torch_data": ["SegmentDataset", "batch_token_weights", "collate",
         "logprobs_known", "move_to"],
     "agentcompact.rl.trl": ["SegmentGRPOTrainer", "to_trl_episodes", "trl_batch"],
+    "agentcompact.rl.verl": ["CompactingAgentLoop", "LOSS_WEIGHTS"],
     "agentcompact.stores": ["Backend", "DEFAULT_STORE_FILE", "SharedPrefixStore",
         "backend_from_url", "decode_entry", "default_state_dir", "default_store_url",
         "encode_entry", "store_from_url"],
