@@ -54,26 +54,37 @@ def tiny_lm(seed: int = 0, layers: int = 2) -> Any:
     return transformers.Qwen2ForCausalLM(config)
 
 
+def prompts_dataset(prompts: list[str]) -> Any:
+    """A ``datasets.Dataset`` of prompts (TRL's train dataset), its fingerprint given:
+    datasets would otherwise fingerprint it by pickling it with dill, which fails on pyarrow
+    26 (its MonthDayNano class is named ``builtins.MonthDayNano``)."""
+    import datasets
+    from datasets.table import InMemoryTable
+
+    return datasets.Dataset(InMemoryTable.from_pydict({"prompt": prompts}),
+                            fingerprint=f"prompts-{len(prompts)}-{hash(tuple(prompts))}")
+
+
 def eos_ids(tok: Any) -> Sequence[int]:
     return [int(tok.convert_tokens_to_ids("<|im_end|>"))]
 
 
 class CountingEnv:
     """A tool-loop environment: each response gets a fixed observation (a tool result of
-    ``obs_chars`` characters) until ``turns`` responses; reward 1.0 when the responses held
-    more ``a`` bytes than ``b`` bytes, else 0.0 (a reward the policy can move)."""
+    ``obs_chars`` characters) until ``turns`` responses; the reward is the share of ASCII
+    characters in the responses (a reward the policy can move, different between rollouts)."""
 
     def __init__(self, turns: int = 4, obs_chars: int = 60) -> None:
         self.turns, self.obs_chars, self.seen = turns, obs_chars, 0
-        self.a = self.b = 0
+        self.a = self.chars = 0
 
     async def step(self, text: str, sample: Any) -> Any:
         from agentcompact.rl.rollout import Step
 
         self.seen += 1
-        self.a += text.count("a")
-        self.b += text.count("b")
+        self.a += sum(c.isascii() for c in text)
+        self.chars += len(text)
         if self.seen >= self.turns:
-            return Step(done=True, reward=1.0 if self.a > self.b else 0.0)
+            return Step(done=True, reward=self.a / max(self.chars, 1))
         result = (f"result {self.seen}: " + "x" * self.obs_chars)[: self.obs_chars]
         return Step(observations=[{"role": "user", "content": result}])
