@@ -28,9 +28,12 @@ The trainers' glue: :mod:`agentcompact.rl.skyrl` (a SkyRL ``GeneratorInterface``
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import pluggy
@@ -51,7 +54,7 @@ from ..trajectory._memory import (
     group_advantages,
 )
 from ..trajectory._tokenize import ChatTokenizer, extend_chat, to_chat_messages
-from ..trajectory.export import ExportOptions
+from ..trajectory.export import ExportOptions, _private_files, _Writer
 
 __all__ = [
     "CompactingRollout",
@@ -63,6 +66,7 @@ __all__ = [
     "Step",
     "TriggerDraw",
     "sampling_from",
+    "write_batch",
 ]
 
 #: a sampler's stop reasons
@@ -389,3 +393,57 @@ def sampling_from(values: Mapping[str, Any], max_tokens: int) -> SamplingSetting
     return SamplingSettings(temperature=num("temperature", 1.0), top_p=num("top_p", 1.0),
                             top_k=int(top_k) if isinstance(top_k, int) else -1,
                             max_tokens=max_tokens)
+
+
+def write_batch(batch: RowBatch, out_dir: str | os.PathLike[str],
+                options: ExportOptions | None = None) -> dict[str, Any]:
+    """Write a batch of rows as ``agentcompact export`` writes its folder: segment shards
+    (``segments-00000.parquet``…, groups never split), ``episodes.parquet`` and a
+    ``manifest.json`` (format, tokenizer, advantage mode, counts, files), with the export's
+    own writer: the segment and episode files are byte for byte those ``agentcompact
+    export`` writes for the same episodes.
+
+    :raises ConfigError: ``out_dir`` holds an export already.
+    """
+    opts = options or ExportOptions()
+    out = Path(out_dir)
+    with _private_files():
+        out.mkdir(parents=True, exist_ok=True)
+        if any(out.glob("segments-*")) or (out / "manifest.json").exists():
+            raise ConfigError(f"{out}: already holds an export; choose an empty folder")
+        writer = _Writer(out, opts)
+        try:
+            _write_rows(writer, batch)
+        finally:
+            writer.close()
+        manifest = {
+            "schema_version": batch.rows[0]["schema_version"] if batch.rows else None,
+            "format": opts.fmt,
+            "tokenizer": {k: batch.rows[0][k] for k in ("tokenizer_name", "tokenizer_sha256",
+                                                        "chat_template_sha256")}
+            if batch.rows else None,
+            "advantage": {"mode": opts.advantage, "eps": opts.eps},
+            "counts": batch.counts,
+            "files": {"segments": writer.files, "episodes": {
+                "path": writer.episodes_path.name, "rows": writer.episode_rows}},
+        }
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _write_rows(writer: _Writer, batch: RowBatch) -> None:
+    """The rows episode by episode (each with its table row), a group end between groups."""
+    episodes = {str(e["episode_id"]): e for e in batch.episodes}
+    start, group = 0, None
+    rows = batch.rows
+    for i in range(1, len(rows) + 1):
+        if i < len(rows) and rows[i]["episode_id"] == rows[start]["episode_id"]:
+            continue
+        first = rows[start]
+        if group is not None and first["group_id"] != group:
+            writer.end_group()
+        group = first["group_id"]
+        writer.add(rows[start:i], episodes[str(first["episode_id"])])
+        start = i
+    if rows:
+        writer.end_group()
