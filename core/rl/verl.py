@@ -182,7 +182,7 @@ class CompactingAgentLoop(ToolAgentLoop):  # type: ignore[misc, unused-ignore]  
         actor = self.config.actor_rollout_ref.get("actor", {}) or {}
         return str(actor.get("loss_agg_mode", "token-mean"))
 
-    async def run(  # type: ignore[override]  # verl's v1 trainer takes a list (agent_loop_tq)
+    async def run(  # type: ignore[override, unused-ignore]  # v1 takes a list (agent_loop_tq)
             self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any
     ) -> list[AgentLoopOutput]:
         """One episode of the sample (``raw_prompt``); its outputs, one per segment."""
