@@ -105,6 +105,11 @@ def _add_gateway_arguments(p: argparse.ArgumentParser) -> None:
     a("--rl-seed", type=int, default=0, help="seed of the groups' trigger draws (default 0)")
     a("--rl-advantage", default="grpo", help="advantage over a group's episodes: grpo "
       "(default), drgrpo, rloo, none")
+    a("--rl-max-open", type=int, default=4096, metavar="N",
+      help="episodes held open without a reward; the oldest is dropped past it (default 4096)")
+    a("--rl-max-waiting", type=int, default=1024, metavar="N",
+      help="groups waiting for --rl-group-size episodes; the oldest is made ready past it "
+           "(default 1024)")
     a("--rl-no-token-ids", dest="rl_token_ids", action="store_false", default=True,
       help="do not ask for vLLM's return_token_ids (SGLang, OpenAI): logprob bytes are "
            "mapped to the tokenizer's ids instead")
@@ -123,7 +128,8 @@ def build_gateway(args: argparse.Namespace) -> GatewayConfig | None:
         tokenizer=tokenizer, out=args.rl_out, group_size=args.rl_group_size,
         token_ids=args.rl_token_ids, trigger_low=args.rl_trigger_low,
         trigger_high=args.rl_trigger_high, seed=args.rl_seed,
-        export=ExportOptions(advantage=args.rl_advantage))
+        export=ExportOptions(advantage=args.rl_advantage), max_open=args.rl_max_open,
+        max_waiting=args.rl_max_waiting)
 
 
 def build_config(args: argparse.Namespace) -> ProxyConfig:

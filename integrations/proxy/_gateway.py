@@ -60,7 +60,8 @@ GROUP_HEADER = "x-agentcompact-group"
 SAMPLE_HEADER = "x-agentcompact-sample"
 VERSION_HEADER = "x-agentcompact-policy-version"
 #: ``/rl/g/{group}/e/{episode}/…``: the episode and group carried by a client's base URL
-_PREFIX = re.compile(r"^/rl/g/([^/]{1,200})/e/([^/]{1,200})(/.*)$")
+#: (ids of letters, digits and ``._:@+=-``: the same in the path and the raw path)
+_PREFIX = re.compile(r"^/rl/g/([A-Za-z0-9._:@+=-]{1,200})/e/([A-Za-z0-9._:@+=-]{1,200})(/.*)$")
 _ID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,200}$")
 _T = TypeVar("_T")
 
@@ -79,6 +80,10 @@ class GatewayConfig:
     :param trigger_low: a group's trigger is the proxy's ``trigger`` times a factor drawn
         from ``[trigger_low, trigger_high]`` with ``seed``.
     :param export: the rows' options (advantage mode, unrewarded and length policies).
+    :param max_open: episodes held open without a reward; past it the oldest is dropped
+        (its events too), with a warning: a harness that never reports stays bounded.
+    :param max_waiting: groups held waiting for ``group_size`` rewarded episodes; past it
+        the oldest group is made ready as it is, with a warning.
     """
 
     tokenizer: str
@@ -90,10 +95,15 @@ class GatewayConfig:
     trigger_high: float = 1.0
     seed: int = 0
     export: ExportOptions = field(default_factory=ExportOptions)
+    max_open: int = 4096
+    max_waiting: int = 1024
 
     def __post_init__(self) -> None:
         if self.group_size is not None and self.group_size < 1:
             raise ConfigError(f"group_size must be >= 1, got {self.group_size}")
+        if self.max_open < 1 or self.max_waiting < 1:
+            raise ConfigError(f"max_open and max_waiting must be >= 1, got {self.max_open} "
+                              f"and {self.max_waiting}")
         self.export.check()
 
 
@@ -198,6 +208,10 @@ class RLGateway:
     def __init__(self, config: GatewayConfig, trigger: int, pm: pluggy.PluginManager) -> None:
         from agentcompact.trajectory._tokenize import ChatTokenizer
 
+        out = Path(config.out) if config.out is not None else None
+        if out is not None and out.exists() and any(out.iterdir()):
+            raise ConfigError(f"--rl-out {out}: holds files already; choose an empty or new "
+                              "folder (each batch becomes batch-NNNNN/ in it)")
         self.config = config
         self.tok = ChatTokenizer.from_pretrained(config.tokenizer)
         self.draw = TriggerDraw(trigger, config.trigger_low, config.trigger_high, config.seed)
@@ -226,7 +240,7 @@ class RLGateway:
             return scope
         group, episode, rest = match.groups()
         raw = scope.get("raw_path")
-        prefix = len(scope["path"]) - len(rest)
+        prefix = len(scope["path"]) - len(rest)  # ASCII ids: as long in the raw path
         headers = [h for h in scope.get("headers", [])
                    if h[0] not in (EPISODE_HEADER.encode(), GROUP_HEADER.encode())]
         headers += [(EPISODE_HEADER.encode(), episode.encode()),
@@ -242,15 +256,28 @@ class RLGateway:
             raise ConfigError(f"{EPISODE_HEADER}: use 1-200 letters, digits or ._:@+=- "
                               "(one id per episode)")
         sample, version = headers.get(SAMPLE_HEADER), headers.get(VERSION_HEADER)
+        dropped = None
         with self._lock:
             open_ = self._open.get(episode)
             if open_ is None:
                 open_ = self._open[episode] = _Open(
                     headers.get(GROUP_HEADER) or episode,
                     int(sample) if sample and sample.isdigit() else None)
+                if len(self._open) > self.config.max_open:
+                    dropped = next(iter(self._open))
+                    del self._open[dropped]
             if version and version.isdigit():
                 open_.version = int(version)
+        if dropped is not None:
+            log.warning("gateway: %d episodes open without a reward; the oldest (%s) is "
+                        "dropped (--rl-max-open)", self.config.max_open, dropped)
+            self.worker.submit(self._forget, dropped)
         return episode
+
+    def _forget(self, episode: str) -> None:
+        """Drop what was collected of an episode (on the worker: after its queued calls)."""
+        if any(e.episode_id == episode for e in self.collector.episodes()):
+            self.collector.take(episode)
 
     def budget(self, session: str, base: Budget) -> Budget:
         """The engine budget of an episode: its group's drawn trigger."""
@@ -368,8 +395,14 @@ class RLGateway:
             state.done.append(rows)
             full = self.config.group_size is not None and len(state.done) >= \
                 self.config.group_size
+            waiting = [g for g, s in self._groups.items() if s.done and g != group]
         if full:
             self._emit([group])
+        if len(waiting) >= self.config.max_waiting:
+            log.warning("gateway: %d groups wait for %s rewarded episodes; the oldest (%s) "
+                        "is made ready as it is (--rl-max-waiting)", len(waiting),
+                        self.config.group_size, waiting[0])
+            self._emit([waiting[0]])
         return {"episode_id": episode, "group_id": group, "segments": len(rows.rows),
                 "ready": full}
 

@@ -168,3 +168,26 @@ def test_reward_endpoint_errors_are_one_line(vllm: Any, tmp_path: Path) -> None:
     assert bad.status_code == 400
     message = bad.json()["error"]["message"]
     assert "\n" not in message and "reward" in message
+
+
+def test_open_episodes_are_bounded_and_the_base_url_prefix_is_taken_off() -> None:
+    from agentcompact.integrations.proxy import RLGateway
+
+    gateway = RLGateway(GatewayConfig(tokenizer=str(QWEN_TOKENIZER), max_open=2), 1000,
+                        new_plugin_manager())
+    try:
+        for episode in ("e1", "e2", "e3"):
+            gateway.session({"x-agentcompact-episode": episode, "x-agentcompact-group": "g"},
+                            "proxy-session")
+        assert list(gateway._open) == ["e2", "e3"]  # the oldest dropped
+        scope = gateway.route({"type": "http", "path": "/rl/g/task-1/e/r.2/v1/chat/completions",
+                               "raw_path": b"/rl/g/task-1/e/r.2/v1/chat/completions",
+                               "headers": [(b"x-agentcompact-episode", b"spoofed")]})
+        assert scope["path"] == "/v1/chat/completions"
+        assert scope["raw_path"] == b"/v1/chat/completions"
+        assert dict(scope["headers"]) == {b"x-agentcompact-episode": b"r.2",
+                                          b"x-agentcompact-group": b"task-1"}
+        plain = {"type": "http", "path": "/v1/chat/completions"}
+        assert gateway.route(plain) is plain
+    finally:
+        gateway.close()
