@@ -270,7 +270,9 @@ def _config(tmp_path: Path) -> Any:
 
 def _worker(cfg: Any, model: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)  # the worker sets them; restored after
+        # the worker sets them (accelerate then takes a later test for a CPU cluster):
+        # setenv records each one's state so that monkeypatch restores it after the test
+        monkeypatch.setenv(var, "")
     worker = PolicyWorkerBase(cfg=cfg.trainer, world_size=1, rank=0, local_rank=0,
                               master_addr="localhost", master_port=12345,
                               sequence_parallel_size=1)
