@@ -70,6 +70,7 @@ SECRET_HEADER_WORDS = ("auth", "key", "token", "secret", "cookie", "signature", 
                        "passwd", "credential")
 _ANYWHERE = ("secret", "password")
 _LEGACY_ACCOUNT = re.compile(r"(?<=_account_)[^_]+")
+_SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
 def _normal(key: str) -> str:
@@ -109,8 +110,8 @@ def redact(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         if len(value) == 2 and is_secret_key(value[0]) and not isinstance(value[1], Mapping):
             items = [value[0], REDACTED]
-        else:
-            items = [redact(v) for v in value]
+        else:  # a scalar is returned as is: no call per token id of a 32k-token list
+            items = [v if type(v) in _SCALARS else redact(v) for v in value]
         return tuple(items) if isinstance(value, tuple) else items
     return value
 

@@ -69,3 +69,18 @@ def test_hosts_bound_prints_every_arm() -> None:
         assert len(rows) == arms, out
         assert all(invalid == "0" for _, invalid in rows), out
     assert re.search(r"^pydantic-ai +agentcompact +\d+ +\d+ +yes ", out, re.M), out
+
+
+@pytest.mark.network  # its servers listen on loopback
+@needs_shared_data("tokenizers", "qwen2.5-coder-0.5b-instruct")
+def test_gateway_latency_prints_every_figure() -> None:
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("transformers")
+    out = run_script("gateway_latency.py", "--size", "4000", "--steps", "3", "--warmup", "1")
+    for key in ("direct_p50_ms", "relay_added_p50_ms", "proxy_added_p50_ms",
+                "gateway_added_p50_ms", "gateway_worker_cpu_ms_per_call",
+                "gateway_loop_cpu_ms_per_call"):
+        assert re.search(rf"^  {key} +-?[\d.]+$", out, re.M), out
+    calls = re.search(r"^  calls_recorded +(\d+)$", out, re.M)
+    assert calls and int(calls.group(1)) == 4, out  # every call of the session recorded

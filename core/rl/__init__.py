@@ -15,6 +15,9 @@ this package works without torch:
 * :mod:`agentcompact.rl.ppo` — ``policy_loss``, ``policy_loss_from_hidden``, ``collate_step``.
 * :mod:`agentcompact.rl.logprobs`, :mod:`agentcompact.rl.recompute` — log-probabilities.
 * :mod:`agentcompact.rl.adapters` — verl / TRL / SkyRL layouts; :mod:`agentcompact.rl.trl`.
+* :mod:`agentcompact.rl.rollout` — compaction inside a trainer's rollout loop (``export``
+  extra, no torch); :mod:`agentcompact.rl.generate` (a transformers sampler),
+  :mod:`agentcompact.rl.skyrl`, :mod:`agentcompact.rl.verl` — the trainers' loops on it.
 
 The math, with worked numbers, is in ``docs/rl-math.md``.
 """

@@ -165,11 +165,16 @@ def _template_message(message: Any) -> Any:
     return out
 
 
-def token_logprobs(pieces: Sequence[str | bytes], start: int, top: int
-                   ) -> list[dict[str, Any]]:
+def token_logprobs(pieces: Sequence[str | bytes], start: int, top: int,
+                   ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """Deterministic per-token logprobs in OpenAI's shape (``top`` alternatives each); a
     piece given as bytes (a real token, maybe part of a UTF-8 character) keeps its exact
-    ``bytes`` and shows as text with invalid bytes replaced, as vLLM shows it."""
+    ``bytes`` and shows as text with invalid bytes replaced, as vLLM shows it. With ``ids``
+    (vLLM's ``return_tokens_as_token_ids``) each token is named ``token_id:<id>`` and its
+    ``bytes`` are that name's, as vLLM's chat server writes them."""
+    if ids is not None:
+        return [_logprob(f"token_id:{tid}", start + i, top, f"token_id:{tid + 1}")
+                for i, tid in enumerate(ids)]
     return [_logprob(piece, start + i, top) for i, piece in enumerate(pieces)]
 
 
@@ -178,13 +183,15 @@ def logprob_of(position: int) -> float:
     return -0.01 * (1 + position % 7)
 
 
-def _logprob(piece: str | bytes, position: int, top: int) -> dict[str, Any]:
+def _logprob(piece: str | bytes, position: int, top: int,
+             other: str | None = None) -> dict[str, Any]:
     raw = piece if isinstance(piece, bytes) else piece.encode()
     text = raw.decode("utf-8", errors="replace")
     chosen = logprob_of(position)
     alternatives = [
-        {"token": text if rank == 0 else f"<alt{rank}>", "logprob": chosen - 2.0 * rank,
-         "bytes": list(raw if rank == 0 else f"<alt{rank}>".encode())}
+        {"token": text if rank == 0 else other or f"<alt{rank}>",
+         "logprob": chosen - 2.0 * rank,
+         "bytes": list(raw if rank == 0 else (other or f"<alt{rank}>").encode())}
         for rank in range(top)
     ]
     return {"token": text, "logprob": chosen, "bytes": list(raw),

@@ -6,7 +6,9 @@ with ``return_token_ids: true`` gets the top-level ``prompt_token_ids`` and choi
 ``token_ids`` (every sampled token: text, tool-call text, the stop token); in a stream the
 first chunk carries ``prompt_token_ids`` and each later chunk its own ``token_ids``.
 ``logprobs`` then score those same tokens, one entry per id, with each token's exact
-``bytes`` (vLLM scores tool-call tokens too; OpenAI's own API does not, nor without ids).
+``bytes`` (vLLM scores tool-call tokens too; OpenAI's own API does not, nor without ids);
+with ``return_tokens_as_token_ids: true`` each scored token is named ``token_id:<id>``
+(its ``bytes`` those of that name), as vLLM writes them.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ def _top_logprobs(body: dict[str, Any]) -> int | None:
     return int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
 
 
+def _named_ids(body: dict[str, Any], ids: list[int] | None) -> list[int] | None:
+    """The sampled ids when the request asked vLLM to name tokens by id."""
+    return ids if ids is not None and body.get("return_tokens_as_token_ids") else None
+
+
 class ChatWire:
     """Chat Completions: ``chat.completion`` JSON; ``data:`` chunks ending ``data: [DONE]``."""
 
@@ -105,7 +112,8 @@ class ChatWire:
         logprobs = None
         if top is not None:
             pieces = ids.pieces if ids else split_tokens(completion.text)
-            logprobs = {"content": token_logprobs(pieces, 0, top), "refusal": None}
+            named = _named_ids(body, ids.response if ids else None)
+            logprobs = {"content": token_logprobs(pieces, 0, top, named), "refusal": None}
         choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs,
                                   "finish_reason": _finish_reason(completion)}
         out = {**self._envelope(completion, "chat.completion"), "choices": [choice],
@@ -146,7 +154,8 @@ class ChatWire:
                   finish: str | None = None) -> dict[str, Any]:
             logprobs = None
             if top is not None and end > start:
-                logprobs = {"content": token_logprobs(ids.pieces[start:end], start, top),
+                named = _named_ids(body, ids.response[start:end])
+                logprobs = {"content": token_logprobs(ids.pieces[start:end], start, top, named),
                             "refusal": None}
             out = self._chunk(completion, delta, logprobs)
             if with_ids:

@@ -77,8 +77,8 @@ _KINDS: dict[str, Any] = {"model_call": ModelCall, "summary_call": SummaryCall,
 def _frozen(kind: str, value: Any) -> Any:
     """``value`` as the recorder writes it and the exporter reads it back: redacted, then
     through JSON (a copy sharing nothing with the caller's objects)."""
-    try:
-        data = orjson.loads(orjson.dumps(redact(value.to_dict())))
+    try:  # orjson writes the dataclass itself: no deep copy (asdict) of the messages
+        data = redact(orjson.loads(orjson.dumps(value)))
     except TypeError as exc:  # orjson names the type only, never the value
         raise TrajectoryError(f"cannot collect {kind} event, a value is not JSON-able: "
                               f"{exc}") from None

@@ -15,7 +15,10 @@ Read here, for choice 0:
 * vLLM's OpenAI-compatible server with ``return_token_ids: true`` (vLLM >= 0.10.2):
   top-level ``prompt_token_ids`` and ``choices[0].token_ids``; in a stream, the first
   chunk's ``prompt_token_ids`` and each chunk's ``choices[0].token_ids``.
-  ``response_token_ids`` (the name some patched servers use) is read as ``token_ids``.
+  ``response_token_ids`` (the name some patched servers use) is read as ``token_ids``;
+* vLLM with ``return_tokens_as_token_ids: true``: each scored token is named
+  ``token_id:<id>`` (its ``bytes`` are that name's, not the token's): the ids are read from
+  the names when the choice has no ``token_ids``.
 
 Streams are read with :func:`from_chat_chunks` (the parsed ``data:`` objects in order).
 
@@ -27,6 +30,7 @@ decode back to the sampled text.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,15 +105,32 @@ def _response_ids(choice: Mapping[str, Any]) -> list[int] | None:
     return _ints(choice.get("token_ids", choice.get("response_token_ids")))
 
 
+def _named(tokens: list[str]) -> list[int] | None:
+    """The ids of tokens vLLM named ``token_id:<id>`` (``return_tokens_as_token_ids``)."""
+    ids = []
+    for token in tokens:
+        match = _TOKEN_ID.match(token)
+        if match is None:
+            return None
+        ids.append(int(match.group(1)))
+    return ids
+
+
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+
+
 def from_chat_completion(body: Mapping[str, Any]) -> SampledTokens:
     """From a non-streamed ``chat.completion`` body (OpenAI or vLLM), or what one
     ``chat.completion.chunk`` of a stream adds."""
     choice = _choice(body)
     logprobs = choice.get("logprobs")
     scored = _scored(logprobs.get("content")) if isinstance(logprobs, Mapping) else None
+    ids = _response_ids(choice)
+    if ids is None and scored and scored[1]:
+        ids = _named(scored[1])
     return SampledTokens(
         prompt_token_ids=_prompt_ids(body, choice),
-        response_token_ids=_response_ids(choice),
+        response_token_ids=ids,
         response_logprobs=scored[0] if scored else None,
         logprob_tokens=scored[1] if scored else None,
         token_bytes=scored[2] if scored else None,

@@ -209,6 +209,12 @@ class _Window:
         return text
 
 
+def _valued(messages: Sequence[Any]) -> list[Any]:
+    """Messages without their keys whose value is ``None`` or empty (``[]``, ``{}``)."""
+    return [{k: v for k, v in m.items() if v is not None and v != [] and v != {}}
+            if isinstance(m, dict) else m for m in messages]
+
+
 class _Redo(Exception):
     """A windowed render disagreed with a full one: rebuild the segment with full renders."""
 
@@ -342,12 +348,15 @@ class _Builder:
 
     def _continues(self, call: ModelCall) -> bool:
         """Message level: the context starts with the previous context + response (equal
-        natively, or equal digests: volatile fields such as ``cache_control`` ignored)."""
+        natively, or equal digests: volatile fields such as ``cache_control`` ignored, and
+        fields without a value: a server's answer carries ``refusal: null`` or
+        ``annotations: []`` that a client does not send back)."""
         n = len(self.ext)
         head = call.messages[:n]
         if len(head) < n:
             return False
-        return bool(head == self.ext) or self._digests(head) == self._digests(self.ext)
+        return (bool(head == self.ext) or self._digests(head) == self._digests(self.ext)
+                or self._digests(_valued(head)) == self._digests(_valued(self.ext)))
 
     def extend(self, call: ModelCall) -> str | None:
         """Add ``call`` to the segment, its token work queued; or return why it must start

@@ -35,7 +35,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sized
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import anyio
@@ -84,6 +84,9 @@ from ._wire import (
     session_key,
     upstream_of,
 )
+
+if TYPE_CHECKING:  # the gateway needs the export extra (numpy, pyarrow): imported on use
+    from ._gateway import GatewayConfig, RLGateway
 
 __all__ = ["CompactionProxy", "ProxyApp", "create_app"]
 
@@ -178,6 +181,8 @@ class EnginePool:
         self.dialects: dict[str, Dialect] = {d: reg.dialect(d) for d in (ANTHROPIC, CHAT,
                                                                           RESPONSES, GEMINI)}
         self._engines: OrderedDict[tuple[str, str], Engine] = OrderedDict()
+        #: a session's own budget (the RL gateway's per-group trigger), else ``budget``
+        self.budget_of: Callable[[str, Budget], Budget] | None = None
         #: tokens each engine sent last time (to tell a quiet request from a likely cliff)
         self.sent_tokens: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
@@ -225,8 +230,9 @@ class EnginePool:
             options = {**options, "archive": archive.for_tenant(tenant)}
         strategy = StrategySettings(self.config.strategy, options=options)
         meter = MessageMeter(self.counter, self.dialects[dialect], max_entries=_METER_ENTRIES)
+        budget = self.budget if self.budget_of is None else self.budget_of(session, self.budget)
         engine = Engine(strategy=strategy, dialect=self.dialects[dialect],
-                        budget=self.budget, store=self.store, counter=meter,
+                        budget=budget, store=self.store, counter=meter,
                         plugins=self.pm, episode_id=session)
         return self.speculation.watch(engine, meter)
 
@@ -235,7 +241,8 @@ class CompactionProxy:
     """The proxy's state and request handling; ``create_app`` wraps it in an ASGI app."""
 
     def __init__(self, config: ProxyConfig, *, plugins: pluggy.PluginManager | None = None,
-                 store: PrefixStore | None = None) -> None:
+                 store: PrefixStore | None = None, gateway: GatewayConfig | None = None
+                 ) -> None:
         self.pm = plugins if plugins is not None else get_plugin_manager()
         self.store = store if store is not None else _store(config.store_url())
         #: how requests are scoped into tenants (``_tenancy``)
@@ -258,7 +265,16 @@ class CompactionProxy:
         self.bodies = BodyCache(max_entries=config.max_sessions)
         self.stats = ProxyStats(config.max_sessions)
         self.dumper = DebugDumper(config.debug_dir) if config.debug_dir else None
-        self.recorder = _register_recorder(self.pm, config.record) if config.record else None
+        #: the RL gateway (``--rl-tokenizer``): episodes, rewards, rows
+        self.gateway: RLGateway | None = None
+        if gateway is not None:
+            from ._gateway import RLGateway
+
+            self.gateway = RLGateway(gateway, config.trigger, self.pm)
+        #: where the recorder listens: the gateway's sinks see the events in order
+        self._recording = self.gateway.sinks if self.gateway is not None else self.pm
+        self.recorder = (_register_recorder(self._recording, config.record) if config.record
+                         else None)
         self.client = UpstreamClient(config.connect_timeout, config.read_timeout)
         #: a dialect request declaring a body this large or larger is started upstream
         #: while its body arrives (``None``: never; see ``_hold``)
@@ -268,13 +284,18 @@ class CompactionProxy:
         self._unchanged: weakref.WeakKeyDictionary[Parsed, tuple[int, int | None, int]] = (
             weakref.WeakKeyDictionary())
         self._speculation = self.engines.speculation
+        if self.gateway is not None:
+            self.hold_bytes = None  # its bodies change (token ids asked for): never held
+            self.engines.budget_of = self.gateway.budget
 
     # --- lifecycle ----------------------------------------------------------------
     async def aclose(self) -> None:
         """Close the upstream client and the recorder (the app's lifespan calls this)."""
         await self.client.aclose()
-        if self.recorder is not None and self.pm.is_registered(self.recorder):
-            self.pm.unregister(self.recorder)
+        if self.gateway is not None:
+            self.gateway.close()  # the queued events are recorded first
+        if self.recorder is not None and self._recording.is_registered(self.recorder):
+            self._recording.unregister(self.recorder)
             close = getattr(self.recorder, "close", None)
             if close is not None:
                 close()
@@ -313,7 +334,7 @@ class CompactionProxy:
             if held is not None:
                 held.abort()  # the client left (or failed) before its body was in
             raise
-        out = await self._prepare(request, dialect, raw, held, common)
+        out = self._for_gateway(await self._prepare(request, dialect, raw, held, common))
         sent = await self._send_out(request, out, held, t0)
         if out.later is not None and (isinstance(sent.response, BufferedResponse)
                                       or sent.response.status_code >= 300):
@@ -321,6 +342,14 @@ class CompactionProxy:
         if self._may_retry(out, sent.response):
             out, sent = await self._reactive(request, out, sent)
         return self._answer(out, sent)
+
+    def _for_gateway(self, out: _Outgoing) -> _Outgoing:
+        """With the RL gateway, a Chat Completions body asks for token ids and logprobs."""
+        req = out.request
+        if (self.gateway is None or req is None or out.refusal is not None
+                or out.dialect != CHAT):
+            return out
+        return replace(out, content=self.gateway.ask_for_tokens(out.content, req.body))
 
     # --- receiving -----------------------------------------------------------------
     async def _hold(self, request: Request) -> HeldRequest | None:
@@ -434,6 +463,8 @@ class CompactionProxy:
         messages = d.messages_of(body)
         tenant = self.tenancy.tenant(headers)
         session = session_key(d, body, headers, messages, tenant.id)
+        if self.gateway is not None:
+            session = self.gateway.session(headers, session)
         probe = is_probe(body)
         engine = (self.engines.get(dialect, session, tenant)
                   if not probe and messages and not body.get("previous_response_id") else None)
@@ -673,8 +704,9 @@ class CompactionProxy:
         log.info("reactive: context-length error from upstream; replaying %d tokens "
                  "(was %s), session %s", result.tokens_after,
                  out.result.tokens_after if out.result is not None else None, req.session)
-        out = replace(out, content=retry, result=result, messages=result.messages,
-                      modified=True, retried=True)
+        out = self._for_gateway(replace(out, content=retry, result=result,
+                                        messages=result.messages, modified=True, retried=True))
+        retry = out.content
         return out, replace(sent, response=await self._send(request, retry, out.dialect))
 
     # --- record and relay ----------------------------------------------------------------
@@ -733,8 +765,10 @@ class CompactionProxy:
         """Relay the answer; with ``--record``, keep a copy of it to log the model call
         at its end (``_record``). ``after_first`` runs once the first chunk is relayed,
         and puts the final ``_Outgoing`` in ``settled``."""
-        kept: list[bytes] | None = (
-            [] if self.config.record is not None and resp.status_code < 300 else None)
+        recording = self.config.record is not None or self.gateway is not None
+        kept: list[bytes] | None = [] if recording and resp.status_code < 300 else None
+        if self.gateway is not None and out.request is not None:
+            self.gateway.opened(out.request.session)
         self.stats.stream_opened(1)
         return RelayResponse(resp, tee=kept.append if kept is not None else None,
                              after_first=after_first,
@@ -746,8 +780,23 @@ class CompactionProxy:
         self.stats.stream_opened(-1)
         req = out.request
         if kept is None or not complete or req is None:
+            if self.gateway is not None and req is not None:
+                self.gateway.closed(req.session)
             return
         streamed = "text/event-stream" in resp.headers.get("content-type", "")
+        if self.gateway is None:
+            self._log_call(out, req, kept, streamed, {})
+            return
+        # the RL gateway: rebuilt and reported on its worker (a 32k-token prompt's ids are
+        # parsed there, not on the event loop), in order with the compactions it queued
+        fields = self.gateway.call_fields(req.session)
+        self.gateway.submit(functools.partial(self._log_call, out, req, kept, streamed,
+                                              fields))
+        self.gateway.recorded(req.session)
+
+    def _log_call(self, out: _Outgoing, req: _Request, kept: list[bytes], streamed: bool,
+                  fields: dict[str, Any]) -> None:
+        """Report the model call of a relayed answer (``--record``, the RL gateway)."""
         got = reassemble(out.dialect, b"".join(kept), streamed=streamed)
         dialect = self.engines.dialects[out.dialect]
         request = {k: v for k, v in req.body.items() if k != dialect.messages_key}
@@ -757,7 +806,7 @@ class CompactionProxy:
             messages=list(out.messages or []), response=got.response, request=request,
             usage=got.usage, model=model if isinstance(model, str) else None,
             compacted=out.modified and not self.config.shadow, **got.model_call_fields(),
-        ), self.pm)
+            **fields), self.pm)
 
 
 async def _receive(request: Request, held: HeldRequest | None,
@@ -845,14 +894,19 @@ class ProxyApp(Starlette):
 
         super().__init__(routes=[
             Route(_STATUS_PATH, proxy.status, methods=["GET"]),
+            *(proxy.gateway.routes() if proxy.gateway is not None else []),
             Route("/{path:path}", proxy.handle, methods=_METHODS),
         ], lifespan=lifespan)
         self.proxy = proxy
         self.state.proxy = proxy
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        gateway = self.proxy.gateway
+        if gateway is not None and scope["type"] == "http":
+            scope = gateway.route(scope)  # /rl/g/{group}/e/{episode}/... -> /...
         if (scope["type"] != "http" or scope["path"] == _STATUS_PATH
-                or scope["method"] not in _METHODS):
+                or scope["method"] not in _METHODS
+                or (gateway is not None and scope["path"].startswith("/rl/"))):
             await super().__call__(scope, receive, send)
             return
         scope["app"] = self
@@ -900,13 +954,15 @@ def _store_status(store: object) -> dict[str, Any] | None:
 
 
 def create_app(config: ProxyConfig | None = None, *, plugins: pluggy.PluginManager | None = None,
-               store: PrefixStore | None = None) -> ProxyApp:
+               store: PrefixStore | None = None, gateway: GatewayConfig | None = None
+               ) -> ProxyApp:
     """The proxy as a Starlette app (its state is ``app.state.proxy``).
 
     :param config: settings (default: ``ProxyConfig.from_env()``).
     :param plugins: plugin manager (default: the process-wide one).
     :param store: the prefix store shared by the engines (default: in-memory LRU); pass a
         shared store to run several workers.
+    :param gateway: run as an RL rollout gateway (``docs/gateway.md``).
     """
     return ProxyApp(CompactionProxy(config if config is not None else ProxyConfig.from_env(),
-                                    plugins=plugins, store=store))
+                                    plugins=plugins, store=store, gateway=gateway))

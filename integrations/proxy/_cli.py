@@ -10,16 +10,20 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from agentcompact.errors import AgentCompactError
 
 from ._config import ENV_PREFIX, ProxyConfig
+
+if TYPE_CHECKING:  # the gateway needs the export extra (numpy, pyarrow): imported on use
+    from ._gateway import GatewayConfig
 from ._memory import keep_freed
 
-__all__ = ["add_parser", "build_config", "main", "run", "start_up", "warn_small_trigger"]
+__all__ = ["add_parser", "build_config", "build_gateway", "main", "run", "start_up",
+           "warn_small_trigger"]
 
 log = logging.getLogger("agentcompact.proxy")
 
@@ -87,10 +91,55 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
       help="a header naming the tenant, set by a gateway in front (instead of the API key)")
     a("--log-level", default="INFO", type=_log_level, metavar="LEVEL",
       help=f"logging level: {', '.join(_LEVELS)} (default INFO)")
+    _add_gateway_arguments(p)
     a("--keep-memory", type=int, default=KEEP_MEMORY_MIB, metavar="MIB",
       help="freed memory the allocator keeps for the next large body instead of returning "
            f"it, in MiB (default {KEEP_MEMORY_MIB}; 0: the allocator's defaults; glibc "
            "only; see docs/proxy.md, Latency)")
+
+
+def _add_gateway_arguments(p: argparse.ArgumentParser) -> None:
+    """The RL gateway's flags (``docs/gateway.md``); ``--rl-tokenizer`` turns it on."""
+    a = p.add_argument
+    a("--rl-tokenizer", metavar="PATH", help="run as an RL rollout gateway for a policy with "
+      "this tokenizer (folder or hub name): token ids and logprobs asked of the server, "
+      "episodes, rewards at POST /rl/episodes/{id}/reward, rows")
+    a("--rl-out", metavar="DIR", help="write each ready batch of rows here (one export folder "
+      "per batch); default: in memory (GET /rl/rows)")
+    a("--rl-group-size", type=int, metavar="N",
+      help="rewarded episodes that complete a GRPO group (its rows are then ready); default: "
+           "at POST /rl/flush")
+    a("--rl-trigger-low", type=float, default=1.0, metavar="F",
+      help="a group's trigger is --trigger times a factor drawn from [low, high] (default 1)")
+    a("--rl-trigger-high", type=float, default=1.0, metavar="F", help="see --rl-trigger-low")
+    a("--rl-seed", type=int, default=0, help="seed of the groups' trigger draws (default 0)")
+    a("--rl-advantage", default="grpo", help="advantage over a group's episodes: grpo "
+      "(default), drgrpo, rloo, none")
+    a("--rl-max-open", type=int, default=4096, metavar="N",
+      help="episodes held open without a reward; the oldest is dropped past it (default 4096)")
+    a("--rl-max-waiting", type=int, default=1024, metavar="N",
+      help="groups waiting for --rl-group-size episodes; the oldest is made ready past it "
+           "(default 1024)")
+    a("--rl-no-token-ids", dest="rl_token_ids", action="store_false", default=True,
+      help="do not ask for vLLM's return_token_ids (SGLang, OpenAI): logprob bytes are "
+           "mapped to the tokenizer's ids instead")
+
+
+def build_gateway(args: argparse.Namespace) -> GatewayConfig | None:
+    """The gateway's settings from the ``--rl-*`` flags (``None``: not a gateway)."""
+    tokenizer = getattr(args, "rl_tokenizer", None)
+    if not tokenizer:
+        return None
+    from agentcompact.trajectory.export import ExportOptions
+
+    from ._gateway import GatewayConfig
+
+    return GatewayConfig(
+        tokenizer=tokenizer, out=args.rl_out, group_size=args.rl_group_size,
+        token_ids=args.rl_token_ids, trigger_low=args.rl_trigger_low,
+        trigger_high=args.rl_trigger_high, seed=args.rl_seed,
+        export=ExportOptions(advantage=args.rl_advantage), max_open=args.rl_max_open,
+        max_waiting=args.rl_max_waiting)
 
 
 def build_config(args: argparse.Namespace) -> ProxyConfig:
@@ -129,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     _setup_logging(getattr(args, "log_level", "INFO"))
     try:
         config = build_config(args)
-        app = create_app(config)
+        app = create_app(config, gateway=build_gateway(args))
         sock = listening_socket(config.host, config.port)  # before announcing the address
     except AgentCompactError as exc:
         print(f"agentcompact proxy: {exc}", file=sys.stderr)

@@ -113,7 +113,7 @@ def trl_two_steps(rows: list[dict[str, Any]], model: Any, tok: Any, tmp_path: An
     every member handed out."""
     pytest.importorskip("trl")
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental"
-    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("datasets")
     from trl import GRPOConfig
 
     from agentcompact.rl.trl import SegmentGRPOTrainer, to_trl_episodes
@@ -145,7 +145,9 @@ def trl_two_steps(rows: list[dict[str, Any]], model: Any, tok: Any, tmp_path: An
                       learning_rate=1e-3, loss_type="dapo", beta=0.0, logging_steps=1,
                       report_to=[], use_cpu=True, bf16=False, save_strategy="no",
                       max_completion_length=longest, seed=0, dataloader_num_workers=0)
-    train = datasets.Dataset.from_dict({"prompt": sorted(by_group) * 4})
+    from .tinylm import prompts_dataset
+
+    train = prompts_dataset(sorted(by_group) * 4)
     trainer = SegmentGRPOTrainer(model=model, reward_funcs=lambda **kw: [0.0] * n, args=args,
                                  train_dataset=train, processing_class=tok,
                                  rollout_func=rollout_func)

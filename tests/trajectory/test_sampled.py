@@ -316,3 +316,35 @@ def test_an_answer_cut_by_the_output_budget_samples_no_stop_token() -> None:
     rendered = ChatWire().render(cut, body)
     assert rendered["choices"][0]["finish_reason"] == "length"
     assert tok.hf.decode(rendered["choices"][0]["token_ids"]) == cut.text
+
+
+@needs_qwen
+def test_vllm_tokens_named_by_id_give_the_ids_plain_and_streamed() -> None:
+    """vLLM's ``return_tokens_as_token_ids``: each scored token is ``token_id:<id>`` and its
+    ``bytes`` are that name's; the ids are read from the names (never the bytes mapped)."""
+    transformers = pytest.importorskip("transformers")
+    openai = pytest.importorskip("openai")
+    from agentcompact.testing import Reply, Script, UpstreamSim, serve
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(QWEN))
+    answer = Reply("naïve ✓ done.")
+    sim = UpstreamSim(Script(answer, answer, answer), tokenizer=hf)
+    messages = [{"role": "user", "content": "hi"}]
+    with serve(sim) as server, openai.OpenAI(base_url=server.base_url + "/v1",
+                                             api_key="k", max_retries=0) as client:
+        named = {"return_tokens_as_token_ids": True}
+        plain = client.chat.completions.create(model="m", messages=messages, logprobs=True,
+                                               extra_body=named).model_dump()
+        chunks = [c.model_dump() for c in client.chat.completions.create(
+            model="m", messages=messages, logprobs=True, stream=True, extra_body=named)]
+        both = client.chat.completions.create(
+            model="m", messages=messages, logprobs=True,
+            extra_body={**named, "return_token_ids": True}).model_dump()
+    ids = both["choices"][0]["token_ids"]
+    entry = plain["choices"][0]["logprobs"]["content"][0]
+    assert entry["token"] == f"token_id:{ids[0]}"
+    assert bytes(entry["bytes"]) == entry["token"].encode()  # the name's, not the token's
+    got, streamed = from_chat_completion(plain), from_chat_chunks(chunks)
+    assert got.response_token_ids == streamed.response_token_ids == ids
+    assert got.response_logprobs == streamed.response_logprobs
+    assert got.model_call_fields()["response_token_bytes"] is None

@@ -53,6 +53,21 @@ def test_edited_history_without_compaction_event_starts_a_segment(tok: ChatToken
     assert segs[0].break_reason == "context" and segs[0].compaction_trigger == "none"
 
 
+def test_a_server_answers_fields_the_client_does_not_send_back(tok: ChatTokenizer) -> None:
+    """An OpenAI-compatible server's message carries ``refusal: null``, ``annotations: []``
+    …; a client sends the assistant turn back without them: the segment goes on (recorded
+    through the proxy, every call was a segment of its own)."""
+    events = agent_loop("e", 4)
+    for _, call in events:
+        call.response = [{**m, "refusal": None, "annotations": [], "audio": None}
+                         for m in call.response]
+    segs = build_segments(events, tok)
+    assert len(segs) == 1 and segs[0].num_calls == 4
+    for _, call in events[2:]:  # from call 2 on, a resent value differs: that still breaks
+        call.messages[2] = {**call.messages[2], "content": "Step 0: changed."}
+    assert [s.num_calls for s in build_segments(events, tok)] == [2, 2]
+
+
 def test_token_ids_equal_a_full_encode_of_the_template(tok: ChatTokenizer) -> None:
     events = agent_loop("e", 4)
     (seg,) = build_segments(events, tok, verify=True)
