@@ -134,8 +134,9 @@ def test_a_cli_session_is_compacted_signatures_byte_for_byte_and_sse_relayed_ver
         if content["role"] == "model":
             assert orjson.dumps(content) in raw
     assert out[-2:] == contents[-2:]
-    # the key is never written down (the log holds the path, not the query)
-    assert KEY not in caplog.text
+    # the key is never written down (the log holds the path, not the query); the test's own
+    # client (httpx) logs its URL where another library's setup raised its level
+    assert not [r for r in caplog.records if KEY in r.getMessage() and r.name != "httpx"]
     status = httpx.get(f"{proxy.base_url}/agentcompact/status", timeout=10)
     assert KEY not in status.text and status.json()["compactions"] >= 1
 
