@@ -20,6 +20,7 @@ from ._events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, Summar
 from ._expand import ExpandPage, SearchHit, expand, expand_text, search_dropped
 from ._hookspecs import hookimpl, hookspec
 from ._logging_hooks import log_episode_end, log_model_call, log_summary_call
+from ._pins import PIN_SHARE, pinned_texts, typed_pieces
 from ._pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
 from ._redact import redact
 from ._settings import StrategySettings
@@ -80,6 +81,7 @@ __all__ = [
     "MemoryArchive",
     "ModelCall",
     "OverBudgetError",
+    "PIN_SHARE",
     "Part",
     "PluginError",
     "PrefixEntry",
@@ -118,8 +120,10 @@ __all__ = [
     "log_summary_call",
     "new_plugin_manager",
     "open_archive",
+    "pinned_texts",
     "redact",
     "search_dropped",
     "split_turns",
+    "typed_pieces",
     "validate",
 ]

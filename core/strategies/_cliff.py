@@ -46,6 +46,7 @@ from .._archive import Archive, ArchivedItem, MemoryArchive, handle_of, open_arc
 from .._events import DroppedItem
 from .._interner import same_objects
 from .._markers import COMPACTION_HEADER
+from .._pins import split_injected
 from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
 from ..dialects._base import (
     Dialect,
@@ -349,17 +350,22 @@ class _Item:  # not frozen: a frozen dataclass's __init__ costs several times mo
     override: tuple[str, ...] | None  # parts from the render_message hook
     pos: int = 0  # position in the call's list of items
     lean: bool = False  # carried and not human: rendered lean at every level
+    unpinned: bool = False  # a pin past the pin budget: never omitted, its skim line stays
 
 
 def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
              cache: _TextCache | None = None) -> list[_Item]:
     """The messages to render: the span, and from earlier cycles the pinned messages and
-    (with ``carry``) the human ones (with ``carry_calls`` all the others too)."""
+    (with ``carry``) the human ones (with ``carry_calls`` all the others too). A user
+    message carrying tool results beside text is two items, its results (a tool item)
+    and its text (a human one); a pin's item holds its pinned text alone (what the user
+    typed: ``agentcompact._pins``), the rest of its message is an item of its own."""
     dialect, messages, kept, span_start = (request.dialect, request.messages, request.kept,
                                            request.span_start)
     pins = request.pins_possible
     found = request.pins  # the engine's (``pinned`` answers from them)
     pinned_at = request.pinned if found is None else found.__contains__
+    unpinned = request.unpinned
     hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
     items: list[_Item] = []
     facts = (cache or _TextCache()).facts
@@ -374,12 +380,47 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
             carry and (role in _HUMAN_ROLES or carry_calls)
         ):
             continue  # earlier cycles: what is carried
-        if carried and not pinned and not any(p.text for p in parts):
-            continue  # ... with some text
         override = _hook_render(request, message) if hooks else None
-        items.append(_Item(i, role, parts, pinned, carried, override, len(items),
-                           carried and role not in _HUMAN_ROLES))
+        for item_role, item_parts, item_pinned in _split(role, parts, pinned, override):
+            if carried and not item_pinned and not any(p.text for p in item_parts):
+                continue  # ... with some text
+            if carried and not item_pinned and not carry_calls and item_role not in \
+                    _HUMAN_ROLES:
+                continue
+            items.append(_Item(i, item_role, item_parts, item_pinned, carried, override,
+                               len(items), carried and item_role not in _HUMAN_ROLES,
+                               i in unpinned))
     return items
+
+
+def _split(role: str, parts: tuple[Part, ...], pinned: bool, override: Any
+           ) -> list[tuple[str, tuple[Part, ...], bool]]:
+    """The items of one message: (role, parts, pinned). See :func:`_collect`."""
+    if override is not None or role != "user":
+        return [(role, parts, pinned)]
+    results = tuple(p for p in parts if p.kind == "tool_result")
+    rest = tuple(p for p in parts if p.kind != "tool_result")
+    if pinned:
+        typed: list[Part] = []
+        injected: list[Part] = []
+        for p in rest:
+            if p.kind != "text" or not p.text:
+                injected.append(p)
+                continue
+            pieces, harness = split_injected(p.text)
+            typed += [Part("text", piece) for piece in pieces]
+            injected += [Part("text", text) for text in harness]
+        if not typed:  # nothing typed: the pin keeps the message's text (pinned_texts)
+            return [(role, parts, True)]
+        out: list[tuple[str, tuple[Part, ...], bool]] = []
+        if results:
+            out.append(("tool", results, False))
+        if injected:
+            out.append((role, tuple(injected), False))
+        return [*out, (role, tuple(typed), True)]
+    if results and rest:
+        return [("tool", results, False), (role, rest, False)]
+    return [(role, parts, pinned)]
 
 
 def _hook_render(request: CompactionRequest, message: Any) -> tuple[str, ...] | None:
@@ -920,11 +961,12 @@ _OMIT, _SKIM, _FULL = 0, 1, 2
 
 def _token_rates(items: Sequence[_Item], measured: Sequence[int]) -> list[float]:
     """Tokens per character of each item's original message (``measured``: its tokens)."""
-    rates = []
-    for item, tokens in zip(items, measured):
-        chars = sum(len(p.text) + len(p.name) for p in item.parts)
-        rates.append(tokens / chars if chars else 0.3)
-    return rates
+    chars: dict[int, int] = {}  # a message's characters (over the items it was split into)
+    for item in items:
+        chars[item.index] = chars.get(item.index, 0) + sum(len(p.text) + len(p.name)
+                                                           for p in item.parts)
+    return [tokens / chars[item.index] if chars[item.index] else 0.3
+            for item, tokens in zip(items, measured)]
 
 
 def _estimate(chars: int, rate: float) -> int:
@@ -934,21 +976,23 @@ def _estimate(chars: int, rate: float) -> int:
 def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], budget: int
          ) -> list[int]:
     """Oldest first, bulky items become skim lines, then items go: non-human ones first,
-    human ones next, pinned ones never."""
+    human ones next, pinned ones never (pins past the pin budget keep their skim line)."""
     forms = [_FULL if s else _OMIT for s in sizes]
     total = sum(s + 1 for s in sizes if s)
     for humans in (False, True):
-        for form, cost in ((_SKIM, skims), (_OMIT, [0] * len(items))):
+        for form in (_SKIM, _OMIT):
             for i, item in enumerate(items):
                 if total <= budget:
                     return forms
                 if forms[i] > form and not item.pinned and \
                         (item.role in _HUMAN_ROLES) == humans:
                     now = sizes[i] if forms[i] == _FULL else skims[i]
-                    if form == _SKIM and skims[i] > now // 2:
+                    to = _SKIM if item.unpinned else form  # an unpinned pin keeps a line
+                    if to == _SKIM and (forms[i] == _SKIM or form == _SKIM
+                                        and skims[i] > now // 2):
                         continue  # skim lines only where they save half: bulky items
-                    total -= now - cost[i] + (1 if form == _OMIT else 0)
-                    forms[i] = form
+                    total -= now - (skims[i] if to == _SKIM else 0) + (to == _OMIT)
+                    forms[i] = to
     return forms
 
 
@@ -1025,7 +1069,11 @@ def _counted(request: CompactionRequest, context: _Context, blocks: Sequence[_Bl
 
 def _report(items: Sequence[_Item], tokens: Sequence[int], blocks: Sequence[_Block],
             forms: Sequence[int]) -> list[DroppedItem]:
-    report = []
+    """One entry per message: ``dropped`` when something of it is left out without a
+    trace (an item of a split message omitted), else ``truncated`` when something is cut
+    or skimmed, else ``rendered``."""
+    report: dict[int, DroppedItem] = {}
+    rank = {"rendered": 0, "truncated": 1, "dropped": 2}
     for item, block, form, n in zip(items, blocks, forms, tokens):
         if form == _OMIT or not block.full:
             action = "dropped"
@@ -1033,9 +1081,13 @@ def _report(items: Sequence[_Item], tokens: Sequence[int], blocks: Sequence[_Blo
             action = "truncated"
         else:
             action = "rendered"
-        kind = item.parts[0].kind if item.parts else "other"
-        report.append(DroppedItem(item.index, item.role, action, n, kind))
-    return report
+        found = report.get(item.index)
+        if found is None:
+            kind = item.parts[0].kind if item.parts else "other"
+            report[item.index] = DroppedItem(item.index, item.role, action, n, kind)
+        elif rank[action] > rank[found.action]:
+            found.action = action
+    return list(report.values())
 
 
 def render_segments(request: CompactionRequest, level: int = 0,
