@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ._archive import Archive, ArchivedItem, MemoryArchive, SQLiteArchive, open_archive
 from ._background import BackgroundCompactor, BackgroundStats
-from ._budget import DEFAULT_TARGET_SHARE, Budget
+from ._budget import DEFAULT_TARGET_FLOOR, DEFAULT_TARGET_SHARE, Budget
 from ._engine import CompactionResult, Engine
 from ._events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, SummaryCall
 from ._expand import ExpandPage, SearchHit, expand, expand_text, search_dropped
@@ -68,6 +68,7 @@ __all__ = [
     "CompactionRequest",
     "CompactionResult",
     "ConfigError",
+    "DEFAULT_TARGET_FLOOR",
     "DEFAULT_TARGET_SHARE",
     "Dialect",
     "DialectError",
