@@ -1,349 +1,472 @@
 """Fidelity: what survives compaction, agentcompact cliff vs CliffCompaction 0.1.0, one run.
 
-Typed canaries are planted in the real Claude Code sessions (the three main sessions,
-each 116k-144k tokens) at 10, 30, 50, 70 and 90% depth, one run per (session, depth):
+Every real session with tool calls under ``../shared/data/trajectories`` (Claude Code main
+and subagent sessions, mini-swe-agent, SWE-agent, tau-bench), and per family and half the
+concatenation of its sessions (up to about 1M tokens), each with many typed canaries
+planted at random token depths, positions and carriers (``_fidelity_plant.py``: the
+sessions, the tuning / held-out halves, the canaries). Every model call is replayed, in
+order, through both engines (incrementally, as a proxy would call them) with default
+settings, at a trigger drawn per run and seed from ``--triggers`` (those the run exceeds
+1.5 times and is at most 50 times; the smallest only where no other fits).
 
-- ``safety rule``: a rule appended to the first user message;
-- ``user rule``: a rule the user adds later (a text block beside tool results);
-- ``path``: a file path in a tool result; ``number``: a measured figure in a tool result;
-- ``command``: a shell command in a Bash tool call's ``command``;
-- ``decision``: a decision in the assistant's text.
+CliffCompaction counts chars/4 of the body; its threshold is **calibrated per run** so that
+its largest real (o200k) request is just under the trigger (or under agentcompact's own
+peak, where a single turn is larger than the trigger): the two engines run at a matched
+real peak (``_fidelity_peer.py``).
 
-Every model call of the session is sent, in order, through both engines (incrementally, as
-a proxy would) at a 60k trigger with default settings. A canary *survives* when its string
-is in the text of the context sent at the session's last call; for agentcompact it is *one
-expand away* when it is in an archived original whose handle is in that context.
+Measured, per half (**held-out first**: the strategy was tuned on the other half only):
 
-Recall: at every call after the first compaction, the salient items of the next assistant
-message (``agentcompact.replay._recall``: paths, identifiers, commands, numbers, errors)
-that appeared earlier must be in the context sent ("in context"), or, for agentcompact, in
-an archived original whose handle is in it ("or one expand away").
-
-Cost: input cost with prompt caching (read 0.1x, write 1.25x), summed over the calls,
-as a ratio agentcompact / CliffCompaction.
+- **survival** of each canary in the context sent at the run's last call: in context, and
+  for agentcompact one expand away (in an archived original whose handle the context
+  names); by canary kind, carrier kind, position in the carrier, depth decile of the
+  carrier, compactions the canary went through (each engine's own count), family and
+  length band;
+- **recall** (``agentcompact.replay``): at every call, the salient items of the next model
+  output that appeared earlier, in context (and one expand away);
+- **cost with caching**: input priced with prompt caching (cache read 0.1x, write 1.25x),
+  agentcompact / CliffCompaction, by family and length band.
 
 Run:  TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/fidelity_canaries.py
-      (--depths 0.5 --sessions 1 for a quick look; --target N to try a target)
-
-What-if rules for the fold (``Engine._fold``; they replace the engine's private ``_read`` and
-``_FOLD_TOKENS`` for this run, to measure a rule before it goes into the engine):
-``--fold-after K`` folds after K model outputs instead of 1; ``--fold-unquoted`` counts only
-the model outputs that quote none of the folded outputs' items new to the history (what
-``extract_items`` finds in them and not in the messages before them); ``--fold-tokens N``
-sets the folded size; ``--fold-after 0`` turns the fold off.
+      (--quick: one seed, the smallest run of each family and half; --json PATH writes
+      every canary's record;
+      --set NAME=JSON tries a cliff setting; --jobs N processes)
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import json
+import multiprocessing
+import random
 import re
+import sys
+import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from cliffcompaction import dialects as cc_dialects
-from cliffcompaction.config import Config
-from cliffcompaction.engine import Engine as CliffEngine
-
-import agentcompact._engine as engine_module
 from agentcompact import Budget, Engine, MemoryArchive, StrategySettings, get_dialect
-from agentcompact._cachecost import CacheCost
 from agentcompact._tokens import MessageMeter, TiktokenCounter
-from agentcompact.replay import extract_items
-from agentcompact.trajectory import load
+from agentcompact.replay import ContenderSettings, Sent, replay_trajectory, resolve_price
+from agentcompact.strategies._cliff import DEFAULT_LEVELS
+from agentcompact.trajectory import Trajectory
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
-CLAUDE = sorted((DATA / "claude-code").glob("*-*-*-*-*.jsonl"))
-KINDS = ("safety rule", "user rule", "path", "command", "number", "decision")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper modules beside it
+
+from _fidelity_peer import FastPeer, calibrate, check_equivalence, forget_sizes  # noqa: E402
+from _fidelity_plant import HALVES, KINDS, Run, plant, runs, sources  # noqa: E402
+
+TRIGGERS = (6_000, 12_000, 24_000, 60_000)
 _HANDLE = re.compile(r"ac-[0-9a-f]{12}")
-VERBOSE = False
+_BANDS = ((50_000, "<50k"), (150_000, "50k-150k"), (500_000, "150k-500k"), (10**12, ">=500k"))
+_AFTER = ((0, "0"), (1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (10**9, "9+"))
 
 
-def canaries(tag: str) -> dict[str, str]:
+# --- one run ------------------------------------------------------------------------------
+class _Ours:
+    """agentcompact's engine as a replay contender, noting its compactions and last send."""
+
+    name = "agentcompact"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.last: list[Any] = []
+        self.compactions: list[int] = []  # the history length at each compacting call
+        self.levels: dict[int, int] = defaultdict(int)
+        self.folds = 0
+        self.errors: list[str] = []
+
+    def prepare(self, messages: list[Any]) -> Sent:
+        result = self.engine.compact(messages)
+        done = [e for e in result.events if e.reason != "fold" and e.fallback != "none"]
+        self.folds += sum(1 for e in result.events if e.reason == "fold")
+        for event in done:
+            self.levels[event.level] += 1
+        self.errors += [e.error for e in result.events if e.error]
+        if done:
+            self.compactions.append(len(messages))
+        self.last = result.messages if result.modified else messages
+        return Sent(self.last, result.compacted, result.events, None, "compacted")
+
+
+class _Peer:
+    """CliffCompaction at its calibrated threshold, as a replay contender."""
+
+    name = "cliffcompaction"
+
+    def __init__(self, dialect: str, threshold: int) -> None:
+        self.peer = FastPeer(dialect, threshold)
+        self.last: list[Any] = []
+        self.compactions: list[int] = []
+
+    def prepare(self, messages: list[Any]) -> Sent:
+        sent, compacted = self.peer.prepare(messages)
+        if compacted:
+            self.compactions.append(len(messages))
+        self.last = sent
+        return Sent(sent, compacted, drop_action="compacted")
+
+
+_CALIBRATED: dict[tuple[str, int], int] = {}  # (run, trigger) -> threshold, per process
+
+
+def _peer_peak(dialect: str, messages: list[Any], calls: list[int], meter: MessageMeter,
+               system: int) -> Callable[[int], int]:
+    def peak(threshold: int) -> int:
+        peer, top = FastPeer(dialect, threshold), 0
+        for at in calls:
+            sent, _ = peer.prepare(messages[:at])
+            top = max(top, system + sum(meter.measure(sent).tokens))
+        return top
+    return peak
+
+
+def measure(job: tuple[Run, int, int, dict[str, Any]]) -> dict[str, Any]:
+    """Replay one run with its canaries through both engines; JSON-able figures."""
+    run, seed, trigger, options = job
+    options = dict(options)
+    share = options.pop("target_share", None)  # a what-if: Budget(target_tokens=...)
+    patch = options.pop("levels_patch", None)  # a what-if: {"0": {"thinking_max": 600}}
+    if patch is not None:
+        options["levels"] = tuple(dataclasses.replace(level, **patch.get(str(k), {}))
+                                  for k, level in enumerate(DEFAULT_LEVELS))
+    least = options.pop("target_floor", 0)  # ... at least this (at most half the trigger)
+    target = None
+    if share is not None:
+        target = max(int(share * trigger), min(least, trigger // 2))
+    budget = Budget(trigger_tokens=trigger, target_tokens=target)
+    t0 = time.perf_counter()
+    forget_sizes()
+    dialect = get_dialect(run.dialect)
+    meter = MessageMeter(TiktokenCounter(), dialect)
+    system = meter.count_text_message(run.system) if run.system else 0
+    starts = [s for s in _starts(run.messages, dialect) if s > 0]
+    messages, canaries = plant(run, seed, meter.measure(run.messages).tokens, starts[-1])
+    calls = [s for s in _starts(messages, dialect) if s > 0]
+    archive = MemoryArchive()
+    peak_of = _peer_peak(run.dialect, messages, calls, meter, system)
+    threshold = _CALIBRATED.get((run.key, trigger))
+    limit = trigger
+    for _ in range(3):
+        if threshold is None:
+            threshold, peak = calibrate(peak_of, limit, threshold or trigger)
+            if peak > limit and limit == trigger:  # a turn alone over the trigger:
+                limit = max(trigger, _our_peak(run, messages, calls, budget, options))
+                threshold, _ = calibrate(peak_of, limit, threshold)
+            _CALIBRATED[(run.key, trigger)] = threshold
+        peer = _Peer(run.dialect, threshold)
+        traj = Trajectory(source=run.key, format="bench", dialect=run.dialect,
+                          messages=messages, system=run.system)
+        ours = _Ours(Engine(StrategySettings("cliff", options={**options, "archive": archive}),
+                            run.dialect, budget))
+        replay = replay_trajectory(
+            traj, ["agentcompact", "cliffcompaction"],
+            ContenderSettings(trigger), resolve_price(None, None, run.dialect),
+            contenders={"agentcompact": ours, "cliffcompaction": peer})
+        ran = replay.runs
+        if max(ran["cliffcompaction"].tokens) <= max(limit, max(ran["agentcompact"].tokens)):
+            break
+        threshold = None  # the canaries moved its peak: calibrate on this history
+        limit = trigger
     return {
-        "safety rule": f"Safety rule: never run git push --force on the branch release-{tag}.",
-        "user rule": f"From now on do not edit anything under legacy_{tag}/ and keep "
-                     f"functions under {40 + len(tag)} lines.",
-        "path": f"/srv/app/config/settings_{tag}.yaml",
-        "command": f"python -m scripts.migrate_{tag} --dry-run",
-        "number": f"p99_latency_ms={7000 + sum(map(ord, tag)) % 1000}",
-        "decision": f"Decision: we keep the adapter pattern for payments_{tag} instead of "
-                    "subclassing.",
+        "key": run.key, "family": run.family, "half": run.half, "sessions": run.sessions,
+        "tokens": replay.history_tokens, "trigger": trigger, "seed": seed,
+        "threshold": threshold, "calls": len(calls), "seconds": time.perf_counter() - t0,
+        "ours": _figures(ran["agentcompact"], ours.compactions, ours.levels, ours.folds,
+                         ours.errors),
+        "peer": _figures(ran["cliffcompaction"], peer.compactions),
+        "canaries": _canaries(canaries, dialect, ours, peer, archive),
     }
 
 
-def _blocks(message: dict[str, Any]) -> list[Any]:
-    content = message.get("content")
-    if isinstance(content, str):
-        message["content"] = content = [{"type": "text", "text": content}]
-    return content if isinstance(content, list) else []
+def _starts(messages: list[Any], dialect: Any) -> list[int]:
+    is_model = dialect.is_model_output
+    return [i for i in range(len(messages))
+            if is_model(messages[i]) and (i == 0 or not is_model(messages[i - 1]))]
 
 
-def _nearest(messages: list[Any], at: int, test: Any) -> int | None:
-    for d in range(len(messages)):
-        for i in (at + d, at - d):
-            if 0 <= i < len(messages) and test(messages[i]):
-                return i
-    return None
+def _our_peak(run: Run, messages: list[Any], calls: list[int], budget: Budget,
+              options: dict[str, Any]) -> int:
+    engine = Engine(StrategySettings("cliff", options={**options, "archive": False}),
+                    run.dialect, budget)
+    return max(engine.compact(messages[:at]).tokens_after for at in calls)
 
 
-def plant(messages: list[Any], depth: float, tag: str) -> dict[str, str]:
-    """Plant the canaries of ``tag`` into ``messages`` (in place); returns kind -> string."""
-    texts = canaries(tag)
-    at = int(len(messages) * depth)
-    first = _blocks(messages[0])
-    first.append({"type": "text", "text": texts["safety rule"]})
+def _figures(run: Any, compactions: list[int], levels: dict[int, int] | None = None,
+             folds: int = 0, errors: list[str] | None = None) -> dict[str, Any]:
+    tokens, cached = sum(run.tokens), sum(run.cached)
+    reach = run.expand_count
+    return {"peak": max(run.tokens), "tokens": tokens, "cached": cached,
+            "cost": cached * 0.1 + (tokens - cached) * 1.25,
+            "needed": run.recall_count.needed, "present": run.recall_count.present,
+            "reachable": reach.present if reach is not None else None,
+            "by_kind": {k: list(v) for k, v in (run.recall_count.by_kind or {}).items()},
+            "compactions": len(compactions), "levels": dict(levels or {}), "folds": folds,
+            "errors": len(errors or [])}
 
-    def has(kind: str, role: str) -> Any:
-        return lambda m: m.get("role") == role and any(
-            isinstance(b, dict) and b.get("type") == kind for b in _blocks(m))
 
-    def bash(m: dict[str, Any]) -> bool:
-        return m.get("role") == "assistant" and any(
-            isinstance(b, dict) and b.get("type") == "tool_use"
-            and isinstance(b.get("input"), dict) and "command" in b["input"] for b in _blocks(m))
+def _canaries(canaries: Iterable[Any], dialect: Any, ours: _Ours, peer: _Peer,
+              archive: MemoryArchive) -> list[dict[str, Any]]:
+    ours_text = "\n".join(dialect.text_of(m) for m in ours.last)
+    peer_text = "\n".join(dialect.text_of(m) for m in peer.last)
+    originals = [item.text for h in sorted(set(_HANDLE.findall(ours_text)))
+                 if (item := archive.get(h)) is not None]
+    ours_ids, peer_ids = {id(m) for m in ours.last}, {id(m) for m in peer.last}
+    out = []
+    for c in canaries:
+        inside = c.text in ours_text
+        out.append({"kind": c.kind, "carrier": c.carrier, "where": c.where,
+                    "depth": round(c.depth, 4), "ours": inside,
+                    "expand": inside or any(c.text in t for t in originals),
+                    "peer": c.text in peer_text,
+                    "verbatim": [id(c.message) in ours_ids, id(c.message) in peer_ids],
+                    "ours_after": sum(1 for at in ours.compactions if at > c.index),
+                    "peer_after": sum(1 for at in peer.compactions if at > c.index)})
+    return out
 
-    i = _nearest(messages, at, has("tool_result", "user"))
-    if i is not None:
-        _blocks(messages[i]).append({"type": "text", "text": texts["user rule"]})
-    for kind, line in (("path", f"wrote {texts['path']}"), ("number", texts["number"])):
-        j = _nearest(messages, at + (3 if kind == "number" else -3), has("tool_result", "user"))
-        if j is None:
+
+# --- the report ---------------------------------------------------------------------------
+def _band(tokens: int) -> str:
+    return next(name for top, name in _BANDS if tokens < top)
+
+
+def _bucket(n: int) -> str:
+    return next(name for top, name in _AFTER if n <= top)
+
+
+def _rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**c, "family": r["family"], "band": _band(r["tokens"]), "run": r["key"]}
+            for r in results for c in r["canaries"]]
+
+
+def _rate(rows: list[dict[str, Any]], key: str) -> str:
+    hit = sum(1 for r in rows if r[key])
+    return f"{hit}/{len(rows)} {hit / len(rows):4.0%}" if rows else "-"
+
+
+def _table(title: str, rows: list[dict[str, Any]], group: Callable[[dict[str, Any]], str],
+           order: Iterable[str] | None = None) -> list[str]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[group(r)].append(r)
+    names = [n for n in (order or sorted(groups)) if n in groups]
+    out = [f"| {title} | agentcompact | + expand | CliffCompaction |", "|---|---|---|---|"]
+    for name in names:
+        g = groups[name]
+        mark = " **<**" if sum(r["ours"] for r in g) < sum(r["peer"] for r in g) else ""
+        out.append(f"| {name} | {_rate(g, 'ours')}{mark} | {_rate(g, 'expand')} | "
+                   f"{_rate(g, 'peer')} |")
+    out.append(f"| all | {_rate(rows, 'ours')} | {_rate(rows, 'expand')} | "
+               f"{_rate(rows, 'peer')} |")
+    return out
+
+
+def _sums(results: list[dict[str, Any]], side: str, key: str) -> float:
+    return sum(r[side][key] or 0 for r in results)
+
+
+def _summary(results: list[dict[str, Any]]) -> list[str]:
+    ratio = _sums(results, "ours", "cost") / max(_sums(results, "peer", "cost"), 1)
+    needed = _sums(results, "ours", "needed")
+    theirs = _sums(results, "peer", "present") / max(_sums(results, "peer", "needed"), 1)
+    out = [f"cost with caching, agentcompact / CliffCompaction: {ratio:.3f}",
+           f"recall in context: agentcompact {_sums(results, 'ours', 'present') / needed:.3f}"
+           f" (one expand away {_sums(results, 'ours', 'reachable') / needed:.3f}), "
+           f"CliffCompaction {theirs:.3f} ({int(needed)} items needed)"]
+    over = [r for r in results if r["peer"]["peak"] > max(r["trigger"], r["ours"]["peak"])]
+    ours_peak = max(r["ours"]["peak"] / r["trigger"] for r in results)
+    peer_peak = max(r["peer"]["peak"] / r["trigger"] for r in results)
+    out.append(f"largest request / trigger: agentcompact {ours_peak:.3f}, CliffCompaction "
+               f"{peer_peak:.3f} (calibrated; {len(over)} runs over the matched peak)")
+    levels: dict[str, int] = defaultdict(int)
+    for r in results:
+        for level, n in r["ours"]["levels"].items():
+            levels[str(level)] += n
+    out.append(f"compactions: agentcompact {int(_sums(results, 'ours', 'compactions'))} "
+               f"(by level {dict(sorted(levels.items()))}, folds "
+               f"{int(_sums(results, 'ours', 'folds'))}, fallbacks "
+               f"{int(_sums(results, 'ours', 'errors'))}), CliffCompaction "
+               f"{int(_sums(results, 'peer', 'compactions'))}")
+    return out
+
+
+def _by(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> list[str]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        groups[key(r)].append(r)
+    out = ["| group | runs | canaries: agentcompact / CliffCompaction | recall | cost ratio |",
+           "|---|---|---|---|---|"]
+    for name in sorted(groups):
+        g = groups[name]
+        rows = _rows(g)
+        n = max(_sums(g, "ours", "needed"), 1)
+        out.append(f"| {name} | {len(g)} | {_rate(rows, 'ours')} / {_rate(rows, 'peer')} | "
+                   f"{_sums(g, 'ours', 'present') / n:.3f} / "
+                   f"{_sums(g, 'peer', 'present') / max(_sums(g, 'peer', 'needed'), 1):.3f} | "
+                   f"{_sums(g, 'ours', 'cost') / max(_sums(g, 'peer', 'cost'), 1):.3f} |")
+    return out
+
+
+def _shortfalls(results: list[dict[str, Any]]) -> list[str]:
+    """Cells (family x band x kind, and each of them alone) where agentcompact keeps fewer."""
+    rows = _rows(results)
+    cells: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for r in rows:
+        for key in (("kind", r["kind"]), ("family", r["family"], r["kind"]),
+                    ("band", r["band"], r["kind"]), ("family", r["family"]),
+                    ("band", r["band"])):
+            cell = cells[key]
+            cell[0] += r["ours"]
+            cell[1] += r["peer"]
+            cell[2] += 1
+    return [f"{' / '.join(k)}: {a}/{n} vs {b}/{n}" for k, (a, b, n) in sorted(cells.items())
+            if a < b]
+
+
+def report(results: list[dict[str, Any]], runs_by_half: dict[str, list[str]]) -> str:
+    out: list[str] = []
+    for half in ("held-out", "tuning"):
+        mine = [r for r in results if r["half"] == half]
+        if not mine:
             continue
-        block = next(b for b in _blocks(messages[j]) if b.get("type") == "tool_result")
-        content = block.get("content")
-        if isinstance(content, list):
-            content.append({"type": "text", "text": line})
-        else:
-            block["content"] = f"{content or ''}\n{line}"
-    k = _nearest(messages, at, bash)
-    if k is not None:
-        use = next(b for b in _blocks(messages[k]) if b.get("type") == "tool_use"
-                   and isinstance(b.get("input"), dict) and "command" in b["input"])
-        use["input"] = {**use["input"], "command": f"{texts['command']} && "
-                                                  f"{use['input']['command']}"}
-    m = _nearest(messages, at, has("text", "assistant"))
-    if m is not None:
-        block = next(b for b in _blocks(messages[m]) if b.get("type") == "text")
-        block["text"] = f"{block.get('text', '')}\n\n{texts['decision']}"
-    return texts
+        rows = _rows(mine)
+        seeds = sorted({r["seed"] for r in mine})
+        out += ["", f"## {half} half: {len(runs_by_half[half])} runs x {len(seeds)} seeds, "
+                    f"{len(rows)} canaries", ""]
+        out += _summary(mine) + [""]
+        out += _table("canary", rows, lambda r: r["kind"], KINDS) + [""]
+        out += _table("carrier", rows, lambda r: r["carrier"]) + [""]
+        out += _table("position", rows, lambda r: r["where"], ("start", "middle", "end")) + [""]
+        out += _table("depth decile", rows, lambda r: f"{min(int(r['depth'] * 10), 9) + 1:>2}")
+        out += [""] + _table("compactions since (own count)", rows,
+                             lambda r: _bucket(r["ours_after"]),
+                             [name for _, name in _AFTER]) + [""]
+        out += _table("family", rows, lambda r: r["family"]) + [""]
+        out += _table("length band", rows, lambda r: r["band"],
+                      [name for _, name in _BANDS]) + [""]
+        out += _by(mine, lambda r: r["family"]) + [""] + _by(mine, lambda r: _band(r["tokens"]))
+        short = _shortfalls(mine)
+        out += ["", "cells where agentcompact keeps fewer canaries: "
+                + ("; ".join(short) if short else "none")]
+    return "\n".join(out)
 
 
-def call_points(messages: list[Any], dialect: Any) -> list[int]:
-    return [i for i in range(1, len(messages) + 1)
-            if i == len(messages) or (dialect.is_model_output(messages[i])
-                                      and not dialect.is_model_output(messages[i - 1]))]
+# --- driving ------------------------------------------------------------------------------
+def allowed_triggers(tokens: int, turn: int, triggers: tuple[int, ...]) -> list[int]:
+    """The triggers a run of ``tokens`` whose largest turn is ``turn`` tokens is replayed
+    at: it exceeds the trigger 1.5 times and at most 50 times, and its largest turn is at
+    most half the trigger (CliffCompaction keeps at least one whole turn: a larger one
+    leaves no threshold at which its requests stay under the trigger). The smallest
+    trigger only where no other fits (SWE-agent's function-calling runs: 16k tokens)."""
+    fits = [t for t in triggers if 1.5 * t <= tokens <= 50 * t and turn <= t // 2]
+    return [t for t in fits if t != triggers[0]] or fits
 
 
-@dataclass
-class Tally:
-    survived: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    expandable: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    planted: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    needed: int = 0
-    present: int = 0
-    reachable: int = 0
-    cost: float = 0.0
-    calls: int = 0
-    tokens: int = 0
-    written: int = 0
-    compactions: int = 0
-    levels: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    folds: int = 0
-
-
-def fold_rule(after: int, unquoted: bool) -> Any:
-    """A replacement for ``Engine._read``: the folds are due once ``after`` model outputs
-    (runs of model-output messages: one per call) follow them, counting, if ``unquoted``,
-    only the outputs that quote none of the folded outputs' new items (a quoting one
-    restarts the count). A function of ``messages[:n]`` alone, monotone in ``n``: replay
-    and incremental calls fold at the same call."""
-    cache: dict[str, frozenset[str]] = {}
-
-    def new_items(dialect: Any, view: Any, i: int) -> frozenset[str]:
-        key = view.chain[i]  # the digest of messages[:i + 1]
-        if key not in cache:
-            earlier = _text(dialect, view.messages[:i])
-            cache[key] = frozenset(item for item in extract_items(dialect.text_of(
-                view.messages[i])) if item not in earlier)
-        return cache[key]
-
-    def read(self: Any, view: Any, state: Any, n: int) -> bool:
-        if after <= 0:
-            return False
-        dialect, msgs = self._dialect, view.messages
-        folds = [i for i, _ in state.entry.folds if i < n]
-        items: set[str] = set()
-        if unquoted:
-            for i in folds:
-                items |= new_items(dialect, view, i)
-        count, quoted, previous = 0, False, False
-        for k in range(max(i for i, _ in state.entry.folds) + 1, n + 1):
-            model = k < n and dialect.is_model_output(msgs[k])
-            if model:
-                quoted = quoted or any(item in dialect.text_of(msgs[k]) for item in items)
-            elif previous:  # a model output ended
-                count = 0 if quoted else count + 1
-                quoted = False
-                if count >= after:
-                    return True
-            previous = model
-        return False
-    return read
-
-
-def _text(dialect: Any, messages: Any) -> str:
-    return "\n".join(dialect.text_of(m) for m in messages)
-
-
-def _reachable(item: str, handles: set[str], archive: MemoryArchive) -> bool:
-    for handle in handles:
-        found = archive.get(handle)
-        if found is not None and item in found.text:
-            return True
-    return False
-
-
-def run(messages: list[Any], trigger: int, target: int | None, meter: MessageMeter,
-        texts: dict[str, str], ours: Tally, theirs: Tally,
-        settings: dict[str, Any] | None = None) -> None:
-    dialect = get_dialect("anthropic")
-    archive = MemoryArchive()
-    engine = Engine(strategy=StrategySettings("cliff",
-                                              options={**(settings or {}), "archive": archive}),
-                    dialect="anthropic",
-                    budget=Budget(trigger_tokens=trigger, target_tokens=target))
-    peer = CliffEngine(Config(threshold_tokens=trigger))
-    costs = [CacheCost(), CacheCost()]
-    points = call_points(messages, dialect)
-    last_sent: list[str] = ["", ""]
-    compacted = [False, False]
-    handles: set[str] = set()
-    for c in points:
-        result = engine.compact(messages[:c])
-        for event in result.events:
-            if event.reason == "fold":  # the newest turn's large outputs, once read
-                ours.folds += 1
-            else:
-                ours.levels[event.level] += 1
-        sent = result.messages
-        sent2 = peer.prepare({"messages": copy.deepcopy(messages[:c])},
-                             cc_dialects.anthropic.DIALECT).outgoing_body()["messages"]
-        for k, out in enumerate((sent, sent2)):
-            m = meter.measure(out)
-            costs[k].add(m.digests, m.tokens)
-        compacted[0] |= result.compacted
-        compacted[1] |= len(sent2) < c
-        if c < len(messages) and any(compacted):
-            outputs = extract_items(dialect.text_of(messages[c]))
-            earlier = _text(dialect, messages[:c])
-            needed = [item for item in outputs if item in earlier]
-            for k, (out, tally) in enumerate(((sent, ours), (sent2, theirs))):
-                if not compacted[k]:
-                    continue
-                sent_text = _text(dialect, out)
-                if k == 0:
-                    handles = set(_HANDLE.findall(sent_text))
-                for item in needed:
-                    tally.needed += 1
-                    inside = item in sent_text
-                    tally.present += inside
-                    tally.reachable += inside or (k == 0 and _reachable(item, handles, archive))
-        last_sent = [_text(dialect, sent), _text(dialect, sent2)]
-    handles = set(_HANDLE.findall(last_sent[0]))
-    for kind, string in texts.items():
-        for k, tally in enumerate((ours, theirs)):
-            tally.planted[kind] += 1
-            inside = string in last_sent[k]
-            tally.survived[kind] += inside
-            tally.expandable[kind] += inside or (k == 0 and _reachable(string, handles, archive))
-            if VERBOSE and not inside:
-                print(f"  lost by {('agentcompact', 'CliffCompaction')[k]}: {kind} {string!r}")
-    for cost, tally in zip(costs, (ours, theirs)):
-        tally.cost += cost.cost
-        tally.calls += len(cost.calls)
-        tally.tokens += cost.total_tokens
-        tally.written += cost.total_tokens - cost.cached_tokens
-        # a compaction rewrites a prefix: a call whose cached part is below the last's
-        tally.compactions += sum(1 for a, b in zip(cost.calls, cost.calls[1:])
-                                 if b.tokens < a.tokens)
+def _jobs(chosen: list[Run], seeds: int, triggers: tuple[int, ...], options: dict[str, Any],
+          tokens: dict[str, int], turns: dict[str, int]
+          ) -> list[tuple[Run, int, int, dict[str, Any]]]:
+    jobs = []
+    for run in chosen:
+        allowed = allowed_triggers(tokens[run.key], turns[run.key], triggers)
+        for seed in range(seeds):
+            trigger = random.Random(f"trigger:{seed}:{run.key}").choice(allowed)
+            jobs.append((run, seed, trigger, options))
+    # the largest runs first (the pool's stragglers are small), a run's seeds in one worker
+    jobs.sort(key=lambda j: (-tokens[j[0].key], j[0].key, j[1]))
+    return jobs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trigger", type=int, default=60_000)
-    parser.add_argument("--target", type=int, default=None, help="default: the Budget's")
-    parser.add_argument("--depths", type=float, nargs="*", default=[0.1, 0.3, 0.5, 0.7, 0.9])
-    parser.add_argument("--sessions", type=int, default=len(CLAUDE))
-    parser.add_argument("--verbose", action="store_true", help="name each canary lost")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="where the cost goes: mean context, tokens written, compactions")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--triggers", type=int, nargs="+", default=list(TRIGGERS))
+    parser.add_argument("--quick", action="store_true",
+                        help="one seed, the smallest run of each family and half (under 60k "
+                             "tokens)")
+    parser.add_argument("--max-runs", type=int, default=None, help="the first N runs only")
+    parser.add_argument("--half", choices=HALVES, default=None, help="one half only")
+    parser.add_argument("--jobs", type=int, default=min(2, multiprocessing.cpu_count()))
+    parser.add_argument("--json", type=Path, default=None, help="write every result here")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=JSON",
-                        help="a cliff strategy setting to try (repeatable)")
-    parser.add_argument("--fold-after", type=int, default=1, metavar="K",
-                        help="what-if: fold after K model outputs (0: no fold)")
-    parser.add_argument("--fold-unquoted", action="store_true",
-                        help="what-if: count only outputs quoting none of the folded items")
-    parser.add_argument("--fold-tokens", type=int, default=None, metavar="N",
-                        help="what-if: the folded size (default: the engine's)")
+                        help="a cliff strategy setting to try (repeatable); target_share="
+                             "X sets the Budget's target to X times the trigger, levels_patch="
+                             "{\"0\": {\"thinking_max\": 600}} changes fields of the levels")
+    parser.add_argument("--list", action="store_true", help="list the runs and halves, then stop")
     args = parser.parse_args()
-    global VERBOSE
-    VERBOSE = args.verbose
-    if not CLAUDE:
-        raise SystemExit(f"shared data absent: {DATA}")
-    settings = {name: json.loads(value) for name, value in
-                (item.split("=", 1) for item in args.set)}
-    meter = MessageMeter(TiktokenCounter(), get_dialect("anthropic"))
-    ours, theirs = Tally(), Tally()
-    if args.fold_after != 1 or args.fold_unquoted:
-        engine_module.Engine._read = fold_rule(args.fold_after,  # type: ignore[method-assign]
-                                               args.fold_unquoted)
-    if args.fold_tokens is not None:
-        engine_module._FOLD_TOKENS = args.fold_tokens
-    per_session, recall = [], []
-    for path in CLAUDE[: args.sessions]:
-        before = ours.cost, theirs.cost
-        seen = ours.present, ours.needed, theirs.present, theirs.needed
-        original = load(path)[0].messages
-        for depth in args.depths:
-            messages = copy.deepcopy(original)
-            tag = f"{path.stem[:4]}{int(depth * 100):02d}"
-            texts = plant(messages, depth, tag)
-            run(messages, args.trigger, args.target, meter, texts, ours, theirs, settings)
-        ratio = (ours.cost - before[0]) / (theirs.cost - before[1])
-        per_session.append(f"{path.stem[:8]} {ratio:.3f}")
-        recall.append(f"{path.stem[:8]} {(ours.present - seen[0]) / (ours.needed - seen[1]):.3f}"
-                      f" vs {(theirs.present - seen[2]) / max(theirs.needed - seen[3], 1):.3f}")
-    target = Budget(trigger_tokens=args.trigger, target_tokens=args.target).target
-    print(f"trigger {args.trigger:,}, target {target:,}; {args.sessions} sessions x "
-          f"{len(args.depths)} depths")
-    print(f"{'canary':12} {'agentcompact':>13} {'+ expand':>9} {'CliffCompaction':>16}")
-    totals = [0, 0, 0, 0]
-    for kind in KINDS:
-        n = ours.planted[kind]
-        a, e, b = ours.survived[kind], ours.expandable[kind], theirs.survived[kind]
-        totals = [totals[0] + a, totals[1] + e, totals[2] + b, totals[3] + n]
-        print(f"{kind:12} {a:>6}/{n:<3} {a / n:4.0%} {e / n:8.0%} {b:>9}/{n:<3} {b / n:4.0%}")
-    a, e, b, n = totals
-    print(f"{'all':12} {a:>6}/{n:<3} {a / n:4.0%} {e / n:8.0%} {b:>9}/{n:<3} {b / n:4.0%}")
-    print(f"recall in context: agentcompact {ours.present / ours.needed:.3f} "
-          f"(or one expand away {ours.reachable / ours.needed:.3f}; {ours.needed} needed), "
-          f"CliffCompaction {theirs.present / max(theirs.needed, 1):.3f} "
-          f"({theirs.needed} needed)")
-    print(f"cost with caching, agentcompact / CliffCompaction: {ours.cost / theirs.cost:.3f}")
-    print(f"agentcompact compactions by level: {dict(sorted(ours.levels.items()))}, "
-          f"folds {ours.folds}")
-    if args.breakdown:
-        for name, tally in (("agentcompact", ours), ("CliffCompaction", theirs)):
-            print(f"{name:16} calls {tally.calls}, mean context "
-                  f"{tally.tokens / max(tally.calls, 1):,.0f} tokens, written "
-                  f"{tally.written:,} ({tally.written / max(tally.tokens, 1):.1%}), "
-                  f"context shrank {tally.compactions} times")
-        print(f"cost with caching by session: {', '.join(per_session)}")
-        print(f"recall in context by session (vs CliffCompaction): {', '.join(recall)}")
+    found = sources()
+    if not found:
+        raise SystemExit("shared data absent: ../shared/data/trajectories")
+    options = {n: json.loads(v) for n, v in (item.split("=", 1) for item in args.set)}
+    triggers = tuple(sorted(args.triggers))
+    meters: dict[str, MessageMeter] = {}
+
+    def count(dialect: str, messages: list[Any]) -> int:
+        meter = meters.setdefault(dialect, MessageMeter(TiktokenCounter(), get_dialect(dialect)))
+        return sum(meter.measure(messages).tokens)
+
+    chosen = runs(found, count, int(1.5 * triggers[0]))
+    tokens = {r.key: count(r.dialect, r.messages) for r in chosen}
+    turns = {r.key: largest_turn(r, meters) for r in chosen}
+    left_out = [r for r in chosen if not allowed_triggers(tokens[r.key], turns[r.key], triggers)]
+    chosen = [r for r in chosen if r not in left_out]
+    if args.half:
+        chosen = [r for r in chosen if r.half == args.half]
+    if args.quick:  # the smallest run of each family and half under 60k tokens
+        small = sorted((r for r in chosen if tokens[r.key] < 60_000), key=lambda r: tokens[r.key])
+        chosen = [next(r for r in small if (r.family, r.half) == group)
+                  for group in sorted({(r.family, r.half) for r in small})]
+        args.seeds = 1
+    if args.max_runs:
+        chosen = chosen[: args.max_runs]
+    by_half = {h: [r.key for r in chosen if r.half == h] for h in HALVES}
+    print(_listing(found, chosen, tokens))
+    if left_out:
+        print("not replayed alone (a turn over half of every trigger they reach; their "
+              "sessions are in the concatenations): " + "; ".join(
+                  f"{r.key} ({tokens[r.key] // 1000}k, turn {turns[r.key] // 1000}k)"
+                  for r in left_out))
+    if args.list:
+        return
+    check_equivalence(chosen[0].dialect, chosen[0].messages)
+    jobs = _jobs(chosen, args.seeds, triggers, options, tokens, turns)
+    t0 = time.perf_counter()
+    if args.jobs > 1:
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            results = list(pool.imap_unordered(measure, jobs))
+    else:
+        results = [measure(job) for job in jobs]
+    print(f"\n{len(jobs)} replays in {time.perf_counter() - t0:.0f} s ({args.jobs} processes; "
+          f"triggers {', '.join(f'{t:,}' for t in triggers)}; default settings"
+          f"{'' if not options else ' but ' + ', '.join(args.set)})")
+    print(report(results, by_half))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+def largest_turn(run: Run, meters: dict[str, MessageMeter]) -> int:
+    """Tokens of the run's largest turn (a model output and the messages up to the next)."""
+    meter = meters[run.dialect]
+    is_model = meter.dialect.is_model_output
+    largest = current = 0
+    previous = False
+    for m, n in zip(run.messages, meter.measure(run.messages).tokens):
+        model = is_model(m)
+        if model and not previous:
+            current = 0
+        current += n
+        largest = max(largest, current)
+        previous = model
+    return largest
+
+
+def _listing(found: list[Any], chosen: list[Run], tokens: dict[str, int]) -> str:
+    out = [f"{len(found)} sessions with tool calls; {len(chosen)} runs"]
+    for half in HALVES:
+        keys = [f"{r.key} ({tokens[r.key] // 1000}k)" for r in chosen if r.half == half]
+        out.append(f"{half}: {'; '.join(keys)}")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

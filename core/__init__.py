@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from ._archive import Archive, ArchivedItem, MemoryArchive, SQLiteArchive, open_archive
 from ._background import BackgroundCompactor, BackgroundStats
-from ._budget import DEFAULT_TARGET_SHARE, Budget
+from ._budget import DEFAULT_TARGET_FLOOR, DEFAULT_TARGET_SHARE, Budget
 from ._engine import CompactionResult, Engine
 from ._events import CompactionEvent, DroppedItem, EpisodeEnd, ModelCall, SummaryCall
 from ._expand import ExpandPage, SearchHit, expand, expand_text, search_dropped
 from ._hookspecs import hookimpl, hookspec
 from ._logging_hooks import log_episode_end, log_model_call, log_summary_call
+from ._pins import PIN_SHARE, pinned_texts, typed_pieces
 from ._pluginmanager import get_dialect, get_plugin_manager, new_plugin_manager
 from ._redact import redact
 from ._settings import StrategySettings
@@ -68,6 +69,7 @@ __all__ = [
     "CompactionRequest",
     "CompactionResult",
     "ConfigError",
+    "DEFAULT_TARGET_FLOOR",
     "DEFAULT_TARGET_SHARE",
     "Dialect",
     "DialectError",
@@ -82,6 +84,7 @@ __all__ = [
     "MemoryArchive",
     "ModelCall",
     "OverBudgetError",
+    "PIN_SHARE",
     "Part",
     "PluginError",
     "PrefixEntry",
@@ -122,9 +125,11 @@ __all__ = [
     "log_summary_call",
     "new_plugin_manager",
     "open_archive",
+    "pinned_texts",
     "redact",
     "search_dropped",
     "split_turns",
     "tenant_of",
+    "typed_pieces",
     "validate",
 ]

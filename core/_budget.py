@@ -11,19 +11,22 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["DEFAULT_TARGET_SHARE", "Budget"]
+__all__ = ["DEFAULT_TARGET_FLOOR", "DEFAULT_TARGET_SHARE", "Budget"]
 
 #: The default target keeps the fixed part of a request (system prompt, tool schemas,
 #: instruction items: what compaction cannot shrink) plus this share of the rest of the
-#: trigger: ``target = fixed + DEFAULT_TARGET_SHARE * (trigger - fixed)``. Measured with
-#: the cliff strategy grading by age and the engine's fold (benchmarks/fidelity_canaries.py;
-#: docs/strategies/cliff.md has the table): at 0.35 every kind of canary survives more often
-#: than with CliffCompaction on the real Claude Code sessions (87% vs 64%, 100% one expand
-#: away) for 2.7% less input cost with prompt caching (0.973); every share from 0.28 (0.966)
-#: to 0.42 (91%, 1.010) keeps every kind ahead. The target is a goal, not a limit: a large
-#: newest turn stays whole and the context goes over it, never over the trigger, until the
-#: agent has read it (docs/engine.md, "Room for the strategy", "The fold").
-DEFAULT_TARGET_SHARE = 0.35
+#: trigger, and at least :data:`DEFAULT_TARGET_FLOOR` tokens of that rest (at most half of
+#: it): ``target = fixed + max(0.26 * rest, min(6000, rest // 2))``, ``rest = trigger -
+#: fixed``. Tuned with ``benchmarks/fidelity_canaries.py`` on its tuning half and reported on
+#: its held-out half (docs/fidelity.md): at a matched real peak every kind of canary
+#: survives at least as often as with CliffCompaction, for about its input cost with prompt
+#: caching. The target is a goal, not a limit: a large newest turn stays whole and the
+#: context goes over it, never over the trigger, until the agent has read it
+#: (docs/engine.md, "Room for the strategy", "The fold").
+DEFAULT_TARGET_SHARE = 0.26
+#: The least room of the default target besides the fixed part (at small triggers a share
+#: leaves the compaction message too little for the last cycle's calls and results).
+DEFAULT_TARGET_FLOOR = 6_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +35,10 @@ class Budget:
 
     :param trigger_tokens: compact when the context to send is larger than this.
     :param target_tokens: size to bring it down to; default the fixed part of the request
-        plus ``DEFAULT_TARGET_SHARE`` (0.35) of what the trigger leaves besides it
-        (:meth:`target_for`; with nothing fixed, 0.35 of the trigger: chosen for fidelity,
-        see the constant).
+        plus ``DEFAULT_TARGET_SHARE`` (0.26) of what the trigger leaves besides it, at least
+        ``DEFAULT_TARGET_FLOOR`` (6,000) tokens of it and at most half (:meth:`target_for`;
+        with nothing fixed and a 60k trigger, 15,600 tokens: chosen for fidelity and cost,
+        see the constants).
     :param min_recent_turns: turns always kept verbatim at the end, whatever it costs.
     :param recent_turns: turns kept verbatim when they fit (escalation goes down to
         ``min_recent_turns``).
@@ -79,13 +83,15 @@ class Budget:
 
     def target_for(self, fixed: int) -> int:
         """The target for a request whose fixed part (system prompt, tools, instructions
-        the engine keeps) is ``fixed`` tokens: ``target_tokens`` when given, else
-        ``fixed + DEFAULT_TARGET_SHARE * (trigger - fixed)`` (``fixed`` when the fixed
-        part alone reaches the trigger)."""
+        the engine keeps) is ``fixed`` tokens: ``target_tokens`` when given, else ``fixed``
+        plus the larger of ``DEFAULT_TARGET_SHARE`` of the rest of the trigger and
+        ``DEFAULT_TARGET_FLOOR`` (at most half the rest; ``fixed`` when the fixed part
+        alone reaches the trigger)."""
         if self.target_tokens is not None:
             return self.target_tokens
         fixed = max(0, fixed)
-        return fixed + int(DEFAULT_TARGET_SHARE * max(0, self.trigger_tokens - fixed))
+        rest = max(0, self.trigger_tokens - fixed)
+        return fixed + max(int(DEFAULT_TARGET_SHARE * rest), min(DEFAULT_TARGET_FLOOR, rest // 2))
 
     @property
     def limit(self) -> int:

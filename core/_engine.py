@@ -47,6 +47,7 @@ from ._events import CompactionEvent, DroppedItem, new_id
 from ._fixed import FixedTokens
 from ._interner import Interner, same_objects
 from ._markers import COMPACTION_HEADER
+from ._pins import PIN_SHARE, bound_pins, pinned_texts
 from ._pluginmanager import get_plugin_manager, registry
 from ._settings import StrategySettings
 from ._store import (
@@ -210,8 +211,11 @@ class _Plan:
     span_start: int
     cut: int
     kept: tuple[int, ...]
-    pinned: tuple[int, ...]  # pinned messages of the span (their text must be in the message)
-    pins: tuple[int, ...]  # every pinned message of [head_len, c): never truncated
+    pinned: tuple[int, ...]  # pins of the span within the pin budget: their pinned text
+    #                          must be in the message
+    pins: tuple[int, ...]  # every pin of [head_len, c) but ``unpinned``: their pinned text
+    #                        is never cut
+    unpinned: tuple[int, ...]  # pins of the span past the pin budget (the oldest)
     recent_turns: int
     target: int
     budget_tokens: int
@@ -427,6 +431,8 @@ class Engine:
         #: the pin hook's answer for each message asked about, by identity (with the
         #: message and its index: :meth:`_pins`), for the plugin set of ``_plugins_key``
         self._pin_memo: dict[int, tuple[Any, int, bool]] = {}
+        #: the pinned text of each pin and its tokens, by identity (:meth:`_pin_text`)
+        self._pin_texts: dict[int, tuple[Any, tuple[str, ...], int]] = {}
         self._shaping_hooks = tuple(getattr(self._pm.hook, name) for name in _FINGERPRINT_HOOKS)
         self._should_compact_hook = self._pm.hook.agentcompact_should_compact
         self._seed = ""
@@ -740,6 +746,7 @@ class Engine:
             span_start=plan.span_start, cut=plan.cut, budget_tokens=plan.budget_tokens,
             meter=self._meter, pm=self._pm, level=level, episode_id=self._episode_id,
             reason=reason, kept=frozenset(plan.kept), pins=frozenset(plan.pins),
+            unpinned=frozenset(plan.unpinned),
         )
         errors: list[str] = []
         checked: _Checked | None = None
@@ -855,10 +862,16 @@ class Engine:
                                               tool_only=True, pins=pins, overrides=overrides)
                 room = target - head - kept_tokens - tail + _saved(view, overrides)
                 goal, folds = target, tuple(f for f in folds if f[0] not in overrides)
+        # pins are bounded: the newest pinned text of the span up to the pin budget
+        span_pins = [i for i in pins if i < cut and i not in kept]
+        pinned, unpinned = bound_pins(
+            span_pins, {i: self._pin_text(msgs[i])[1] for i in span_pins},
+            int(PIN_SHARE * budget.target_for(head_fixed + kept_tokens)))
         return _Plan(
             c=c, head_len=head_len, span_start=prev_cut, cut=cut, kept=kept,
-            pinned=tuple(i for i in pins if i < cut and i not in kept), pins=pins,
-            recent_turns=kept_turns[cut], target=goal, budget_tokens=max(0, room),
+            pinned=pinned, pins=tuple(i for i in pins if i not in unpinned),
+            unpinned=unpinned, recent_turns=kept_turns[cut], target=goal,
+            budget_tokens=max(0, room),
             overrides=tuple(sorted(overrides.items())), reason=reason, level=level,
             before=state.tokens_at(view, c), folds=folds,
         )
@@ -1002,9 +1015,24 @@ class Engine:
                 out.append(i)
         return tuple(out)
 
+    def _pin_text(self, message: Any) -> tuple[tuple[str, ...], int]:
+        """The pinned text of ``message`` (:func:`~agentcompact._pins.pinned_texts`) and
+        its tokens, remembered by the message's identity."""
+        memo = self._pin_texts
+        found = memo.get(id(message))
+        if found is not None and found[0] is message:
+            return found[1], found[2]
+        if len(memo) > _PIN_MEMO_MAX:
+            memo.clear()
+        texts = pinned_texts(self._dialect, message)
+        tokens = sum(self._counter.count_texts(list(texts))) if texts else 0
+        memo[id(message)] = (message, texts, tokens)
+        return texts, tokens
+
     def _safe_render(self, view: _View, plan: _Plan) -> Rendered:
-        """The plain safe cut: a compaction message holding only the pinned messages'
-        text, verbatim (every original message of the span is otherwise dropped)."""
+        """The plain safe cut: a compaction message holding only the pinned text of the
+        pins within the pin budget, verbatim (every other original message of the span is
+        dropped)."""
         pieces = [COMPACTION_HEADER]
         dropped = sum(1 for i in range(plan.head_len, plan.cut) if i not in plan.kept
                       and i not in plan.pinned)
@@ -1012,7 +1040,7 @@ class Engine:
             pieces.append(f"\n\n[… {dropped} earlier messages omitted …]")
         for i in plan.pinned:
             try:
-                texts = [p.text for p in self._dialect.parts(view.messages[i]) if p.text]
+                texts = list(self._pin_text(view.messages[i])[0])
             except Exception:  # unreadable: the pin check names it
                 texts = []
             pieces.append("\n\n[pinned message, verbatim]\n" + "\n".join(texts))
@@ -1021,9 +1049,10 @@ class Engine:
 
     def _check(self, view: _View, plan: _Plan, rendered: Rendered, rung: str) -> _Checked:
         """The invariants, for any strategy: the assembled output passes the dialect's
-        rules (problems inherited from the input aside) and the thinking-loop rule, every
-        pinned message's text is in the compaction message verbatim, the message is within
-        its budget (pinned text aside)."""
+        rules (problems inherited from the input aside) and the thinking-loop rule, the
+        pinned text of every pin within the pin budget is in the compaction message
+        verbatim, the message is within its budget (that pinned text aside), and no kept
+        message's pinned text was cut."""
         message = rendered.message
         dialect = self._dialect
         trusted = rung == "safe" or isinstance(self._strategy_for(rung), CliffStrategy)
@@ -1043,14 +1072,14 @@ class Engine:
         if problem is None:
             for i in plan.pinned:
                 try:
-                    texts = [p.text for p in dialect.parts(view.messages[i]) if p.text]
+                    texts = self._pin_text(view.messages[i])[0]
                 except Exception:
-                    texts = [""]
+                    texts = ("",)
                 if message is None or not all(t in text for t in texts):
                     problem = f"pinned message {i} is not in the compaction message verbatim"
                     break
         if problem is None and message is not None:
-            pinned = sum(view.tokens[i] for i in plan.pinned)
+            pinned = sum(self._pin_text(view.messages[i])[1] for i in plan.pinned)
             allowed = plan.budget_tokens + pinned + max(64, plan.budget_tokens // 4)
             if tokens > allowed:
                 problem = (f"the compaction message is {tokens} tokens, over its budget of "
@@ -1080,7 +1109,7 @@ class Engine:
         """Head+tail truncate the largest kept messages of ``[cut, c)`` until ``excess``
         tokens are saved: messages of older kept turns first, the newest turn last (with
         ``newest``; never without); instructions, opaque items and compaction messages
-        never."""
+        never, ``pins`` only where their pinned text stays whole."""
         out = dict(overrides or {})
         start = self._newest_turn(view, cut, c)
         msgs = view.messages
@@ -1093,8 +1122,7 @@ class Engine:
                     current = size[i]
                     if excess <= 0 or current <= _TRUNCATE_FLOOR // 2:
                         break
-                    if (view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i])
-                            or i in pins):
+                    if view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i]):
                         continue
                     if tool_only and self._dialect.role(msgs[i]) != "tool":
                         continue
@@ -1102,12 +1130,22 @@ class Engine:
                     copy, new_tokens = self._shrink(msgs[i], view.tokens[i], keep_tokens)
                     if copy is msgs[i] or new_tokens >= current:
                         continue
+                    if i in pins and not self._keeps_pinned(msgs[i], copy):
+                        continue  # the parts beside a pin may be cut, its text never
                     out[i] = (view.digests[i], copy, new_tokens)
                     excess -= current - new_tokens
                     saved += current - new_tokens
                 if excess <= 0 or not saved:
                     break
         return out
+
+    def _keeps_pinned(self, message: Any, copy: Any) -> bool:
+        """Whether the truncated ``copy`` of pinned ``message`` holds its pinned text."""
+        try:
+            text = self._dialect.text_of(copy)
+            return all(t in text for t in self._pin_text(message)[0])
+        except Exception:
+            return False
 
     def _turn_start(self, view: _View, i: int) -> bool:
         is_model = self._dialect.is_model_output
@@ -1167,7 +1205,7 @@ class Engine:
             over_budget=after > self._budget.limit, latency_s=time.perf_counter() - t0,
             error="; ".join(errors) if errors else None,
             fallback=None if rung == "strategy" else rung, dropped=dropped,
-            episode_id=self._episode_id,
+            episode_id=self._episode_id, unpinned=list(plan.unpinned),
         )
         if rendered is not None and entry is not None:
             event.errors = [str(e) for e in (getattr(rendered, "errors", None) or [])]

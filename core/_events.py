@@ -57,7 +57,9 @@ class CompactionEvent:
     stayed verbatim. ``error`` names the failure when a strategy raised and the engine
     fell back (``fallback`` says to what: ``"cliff"`` or ``"none"``). ``errors`` lists
     partial failures the strategy recovered from without a fallback (a parallel block
-    rendered verbatim because its summary failed).
+    rendered verbatim because its summary failed). ``unpinned`` lists the pinned messages
+    whose pinned text was past the pin budget (``agentcompact._pins``: the oldest give way)
+    and were rendered like any other message.
     """
 
     strategy: str
@@ -79,6 +81,7 @@ class CompactionEvent:
     episode_id: str | None = None
     timestamp: float = field(default_factory=time.time)
     errors: list[str] = field(default_factory=list)
+    unpinned: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -85,17 +85,25 @@ def agentcompact_should_compact(
 
 @hookspec
 def agentcompact_pin(message: Any, index: int, dialect: Dialect) -> bool | None:
-    """Keep one message of the compacted span verbatim in every compaction.
+    """Keep the text of one message of the compacted span verbatim in every compaction.
 
     Called for each original message a compaction is about to render, drop or summarize.
-    If any implementation returns ``True`` the message is reproduced verbatim (as text of
-    the compaction message, never truncated). The engine enforces it for every strategy:
-    a compaction message missing a pinned message's text is rejected and the engine falls
-    back (cliff, then a plain safe cut holding the pinned text); a pinned message among
-    the kept turns is never truncated. Use it for safety rules, the task statement, or a
-    tool's output that must survive. The answer must depend on the message, its index and
-    the dialect only: the engine asks once per message and index and remembers it while
-    the plugin set is unchanged.
+    If any implementation returns ``True`` the message's **pinned text** is reproduced
+    verbatim (as text of the compaction message, never cut): what the user typed in it
+    (``agentcompact.pinned_texts``), not the tool results that share its message (a rule
+    typed while tools run) nor text a harness injected (``<system-reminder>``,
+    ``<environment_context>``: ``agentcompact.typed_pieces``); a message with no typed
+    text (a tool output) keeps the text of all its parts. The rest of the message is
+    compacted like any other. The engine enforces it for every strategy: a compaction
+    message missing the pinned text is rejected and the engine falls back (cliff, then a
+    plain safe cut holding the pinned text); the pinned text of a message among the kept
+    turns is never cut. **Pins are bounded** whatever the plugins answer: the pinned text
+    of one compaction takes at most ``agentcompact.PIN_SHARE`` (10%) of the target; past it
+    the oldest pins give way (rendered like any other message; the cliff strategy keeps at
+    least their skim line and handle) and ``CompactionEvent.unpinned`` lists them. Use it
+    for safety rules, the task statement, or a tool's output that must survive. The answer
+    must depend on the message, its index and the dialect only: the engine asks once per
+    message and index and remembers it while the plugin set is unchanged.
 
     :param message: the native message.
     :param index: its index in the original history.

@@ -1,4 +1,4 @@
-"""The scripts that measure issue #12's figures run end to end (small settings).
+"""The scripts that measure issues #12 and #33 figures run end to end (small settings).
 
 The benchmarks are not imported by the package, so nothing else notices when a change
 elsewhere breaks one: ``core_fuzz_and_scale.py`` stopped before printing any figure for
@@ -84,3 +84,30 @@ def test_gateway_latency_prints_every_figure() -> None:
         assert re.search(rf"^  {key} +-?[\d.]+$", out, re.M), out
     calls = re.search(r"^  calls_recorded +(\d+)$", out, re.M)
     assert calls and int(calls.group(1)) == 4, out  # every call of the session recorded
+
+
+@needs_shared_data("trajectories", "claude-code")
+def test_fidelity_canaries_prints_both_halves() -> None:
+    """#33's suite, quick: one seed of the smallest run of each family and half; both
+    engines at a matched real peak, every figure printed for each half."""
+    pytest.importorskip("cliffcompaction")
+    out = run_script("fidelity_canaries.py", "--quick")
+    assert re.search(r"^\d+ sessions with tool calls; \d+ runs$", out, re.M), out
+    kinds: set[str] = set()
+    for half in ("held-out", "tuning"):
+        section = out.split(f"## {half} half:")[1].split("## ")[0]
+        assert re.search(r"^cost with caching, agentcompact / CliffCompaction: \d\.\d{3}$",
+                         section, re.M), section
+        assert re.search(r"^recall in context: agentcompact \d\.\d{3} \(one expand away "
+                         r"\d\.\d{3}\), CliffCompaction \d\.\d{3}", section, re.M), section
+        peak = re.search(r"^largest request / trigger: agentcompact ([\d.]+), CliffCompaction "
+                         r"[\d.]+ \(calibrated; (\d+) runs over the matched peak\)$",
+                         section, re.M)
+        assert peak and float(peak.group(1)) <= 1.0 and peak.group(2) == "0", section
+        assert "fallbacks 0" in section
+        assert re.search(r"^\| all \| \d+/\d+ ", section, re.M), section
+        kinds.update(re.findall(r"^\| (\w+) \| \d+/\d+ ", section, re.M))
+        for table in ("carrier", "position", "depth decile", "compactions since (own count)",
+                      "family", "length band"):
+            assert f"| {table} | agentcompact | + expand | CliffCompaction |" in section
+    assert {"path", "command", "number", "error", "decision", "rule", "safety"} <= kinds

@@ -27,11 +27,12 @@ from typing import Any
 
 from .._archive import Archive
 from .._events import CompactionEvent
+from .._pins import pinned_texts
 from .._pluginmanager import get_plugin_manager, registry
 from .._tokens import MessageMeter, TokenCounter, make_counter
 from .._turns import split_turns
 from ..dialects._base import Dialect
-from ..plugins.rules import is_rule
+from ..plugins.rules import is_rule, typed_text
 from ..trajectory._loaders import Trajectory
 from ._baselines import Contender, ContenderSettings, Sent, build_contender, unavailable_reason
 from ._pricing import ModelPrice, call_cost, resolve_price
@@ -366,8 +367,8 @@ class _Accountant:
             if i in kept:
                 self.run.rules_present += 1
                 continue
-            rule = _human_text(s.dialect, s.messages[i])
-            self.run.rules_present += any(rule in w for w in written)
+            pieces = pinned_texts(s.dialect, s.messages[i])
+            self.run.rules_present += all(any(p in w for w in written) for p in pieces)
 
     def _expandable(self, messages: Sequence[Any]) -> list[str]:
         """Originals one expand away: archived under a handle the messages name."""
@@ -478,8 +479,9 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
 
 
 def _human_text(dialect: Dialect, message: Any) -> str:
-    """The text parts of a user message (what the rules plugin reads), not its results."""
-    return "\n".join(p.text for p in dialect.parts(message) if p.kind == "text" and p.text)
+    """What the user typed in a message (what the rules plugin reads): not its results,
+    not harness text."""
+    return str(typed_text(message, dialect))
 
 
 def _archive_of(contender: Any) -> Archive | None:

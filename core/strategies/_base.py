@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._events import DroppedItem
+from .._pins import pinned_texts
 
 if TYPE_CHECKING:
     import pluggy
@@ -38,9 +39,10 @@ class CompactionRequest:
     a provider overflow starts higher).
 
     What the engine checks on every rendered message, for any strategy: the output passes
-    the dialect's rules and the thinking-loop rule, every pinned message's text is in it
-    verbatim, the message is within its budget (pinned text aside), and the kept messages
-    are there. A rendering that fails falls back (cliff, then a plain cut).
+    the dialect's rules and the thinking-loop rule, the pinned text of every pin of the span
+    (:meth:`pinned_text`) is in it verbatim, the message is within its budget (pinned text
+    aside), and the kept messages are there. A rendering that fails falls back (cliff, then
+    a plain cut).
     """
 
     messages: Sequence[Any]
@@ -61,7 +63,12 @@ class CompactionRequest:
     pins: frozenset[int] | None = None
     """Indices the engine found pinned (``agentcompact_pin``) when it planned the cut, of
     the messages from ``head_len`` on that are not synthetic; ``None`` (a request built
-    elsewhere): :meth:`pinned` asks the hook."""
+    elsewhere): :meth:`pinned` asks the hook. Pins past the pin budget are not in it
+    (:attr:`unpinned`)."""
+    unpinned: frozenset[int] = frozenset()
+    """Pins of the span past the pin budget, the oldest (``agentcompact._pins``): a strategy
+    renders them like any other message; the cliff strategy keeps at least their skim
+    line."""
 
     def keeps(self, index: int) -> bool:
         """True when the engine itself sends ``messages[index]`` verbatim: render nothing
@@ -69,16 +76,23 @@ class CompactionRequest:
         return index in self.kept
 
     def pinned(self, index: int) -> bool:
-        """True when a plugin pins ``messages[index]`` (``agentcompact_pin``), from
-        :attr:`pins` when the engine filled it."""
+        """True when a plugin pins ``messages[index]`` (``agentcompact_pin``) and it is not
+        past the pin budget (:attr:`unpinned`), from :attr:`pins` when the engine filled
+        it."""
         if self.pins is not None:
             return index in self.pins
-        if not self.pins_possible:
+        if not self.pins_possible or index in self.unpinned:
             return False
         results = self.pm.hook.agentcompact_pin(
             message=self.messages[index], index=index, dialect=self.dialect
         )
         return any(r is True for r in results)
+
+    def pinned_text(self, index: int) -> tuple[str, ...]:
+        """The text a pin of ``messages[index]`` keeps verbatim: what the user typed, not
+        the tool results or harness text beside it (``agentcompact._pins.pinned_texts``).
+        A strategy quotes each piece verbatim; the engine checks it."""
+        return pinned_texts(self.dialect, self.messages[index])
 
     @cached_property
     def pins_possible(self) -> bool:

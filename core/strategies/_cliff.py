@@ -14,16 +14,22 @@ content (``agentcompact._archive.handle_of``), so the same part has the same ski
 every cliff and after a restart, and the part's original text goes into the strategy's
 archive (``archive`` setting), where ``agentcompact._expand`` finds it verbatim.
 
-Escalation keeps commands and decisions longest: level by level bulk tool output goes
-first (superseded output, a file read again later or a command re-run, from level 1), then
-long results become skim lines, and only at the last level are call arguments and
-assistant text capped hard. Graded by age (``grade_by_age``): over budget from level 1 on,
-the oldest items take the last level's rendering first, and the whole rendering escalates
-only when that does not suffice, so the newest items keep their level. Over budget at the
-last level, the oldest bulky items become skim lines, then the oldest items go (human ones
-last; pinned ones never); the engine gives the message at least ``human_floor_tokens`` of
-room (``min_budget_tokens``), truncating the largest kept tool output rather than dropping
-carried human text.
+Levels keep commands and decisions longest: level by level bulk tool output goes first
+(superseded output, a file read again later or a command re-run), then long results become
+skim lines (their handle on the call's line), and only at the last level are call arguments
+and assistant text capped hard. Packed newest first (``newest_share``, the default): when
+the span does not fit whole, the newest items keep level 1's rendering while what that
+costs beyond the last level's stays within ``newest_share`` of the message's budget; pins
+come first, then human text (newest first, within ``human_share`` of the budget), then
+every other item newest first at its level-1 or last-level rendering, its skim line, or
+left out: the oldest go first, so what the agent touched last (its latest calls, paths,
+numbers, error lines, decisions) outlives bulk output at every session length. With
+``newest_share=None`` the older rule: over budget from level 1 on the oldest items take the
+last level's rendering first, and the whole rendering escalates when that does not
+suffice. Pinned text is never dropped; pins past the engine's pin budget keep their skim
+line while the budget allows. The engine gives the message at least
+``human_floor_tokens`` of room (``min_budget_tokens``), truncating the largest kept tool
+output rather than dropping carried human text.
 
 Human messages of *all* earlier cycles are carried forward (``carry_forward_human``), and
 the tool calls, assistant text and handles of earlier cycles too (``carry_forward_calls``),
@@ -56,6 +62,7 @@ from .._archive import (
 from .._events import DroppedItem
 from .._interner import same_objects
 from .._markers import COMPACTION_HEADER
+from .._pins import split_injected
 from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
 from ..dialects._base import (
     Dialect,
@@ -99,25 +106,24 @@ class CliffLevel:
     keep_superseded: bool = True
 
 
-#: Level 0 already leaves out superseded output and thinking (archived), keeps results to
-#: 300 characters whole and cuts longer ones to 150 (head, tail, error lines), call
-#: arguments to 120 and assistant text to 1,500 (level 1 is the same; level 2 skims long
-#: results): what a compaction keeps beyond that is bulk one expand away, and the
-#: compaction message is read at every later call (docs/strategies/cliff.md "Why this
-#: default": with the fold, leaving thinking out and cutting results to 150 instead of 200
-#: cost 1.3% less for the same canaries; results to 200 and arguments to 120 cost 1.8% less
-#: than results to 400 and arguments to 300; a fuller level 0, results to 1,200
-#: characters, costs 3% more for no canary more).
+#: Level 0 leaves out superseded output, keeps results to 300 characters whole and cuts
+#: longer ones to 150 (head, tail, error lines), call arguments to 120, assistant text to
+#: 1,500 and thinking to 600 (level 1 is the same: the newest items' rendering when the
+#: span does not fit whole); level 2 skims long results; the last two levels are what
+#: older items and items carried from earlier cycles get: results to 250 or 120 whole else
+#: their handle on the call's line, assistant text to 800 or 300, thinking to 200. What a
+#: compaction keeps beyond that is bulk one expand away, and the compaction message is
+#: read at every later call (docs/fidelity.md).
 DEFAULT_LEVELS = (
-    CliffLevel(assistant_max=1_500, thinking_max=0, call_args_max=120, result_keep=300,
+    CliffLevel(assistant_max=1_500, thinking_max=600, call_args_max=120, result_keep=300,
                result_max=150, keep_superseded=False),
-    CliffLevel(assistant_max=1_500, thinking_max=0, call_args_max=120, result_keep=300,
+    CliffLevel(assistant_max=1_500, thinking_max=600, call_args_max=120, result_keep=300,
                result_max=150, keep_superseded=False),
-    CliffLevel(assistant_max=1_500, thinking_max=0, call_args_max=120, result_keep=300,
+    CliffLevel(assistant_max=1_500, thinking_max=200, call_args_max=120, result_keep=300,
                result_max=0, keep_superseded=False),
-    CliffLevel(human_max=8_000, assistant_max=800, thinking_max=0, call_args_max=120,
+    CliffLevel(human_max=8_000, assistant_max=800, thinking_max=200, call_args_max=120,
                result_keep=250, result_max=0, keep_superseded=False),
-    CliffLevel(human_max=4_000, assistant_max=300, thinking_max=0, call_args_max=120,
+    CliffLevel(human_max=4_000, assistant_max=300, thinking_max=200, call_args_max=120,
                result_keep=120, result_max=0, keep_superseded=False),
 )
 
@@ -135,6 +141,11 @@ class CliffStrategy:
         the trigger): the engine keeps fewer recent turns and truncates the largest tool
         outputs of older ones, and a large newest turn stays whole with the context over
         the target (never over the trigger). Pinned text is never dropped.
+    :param newest_share: packing newest first (module docstring): the share of the
+        message's budget the newest items may spend on level 1's rendering beyond the last
+        level's (0.35; ``None``: escalate the whole rendering level by level instead).
+    :param human_share: the share of the budget human text takes first, newest first
+        (0.3); older human text competes with the rest.
     """
 
     levels: tuple[CliffLevel, ...] = DEFAULT_LEVELS
@@ -143,6 +154,8 @@ class CliffStrategy:
     human_floor_tokens: int = 6_000
     grade_by_age: bool = True
     grade_from: int = 1
+    newest_share: float | None = 0.35
+    human_share: float = 0.3
     archive: Any = None
     name: str = field(default="cliff", init=False)
     #: handles and truncations of part texts, kept across calls (pure functions of the
@@ -209,6 +222,68 @@ class CliffStrategy:
         budget = request.budget_tokens - header_tokens
         top = len(self.levels) - 1
         level = min(request.level, top)
+        packed = self._packing(request, context, items, rates, level, budget) \
+            if self.newest_share is not None and self.grade_by_age else None
+        if packed is None:
+            level, blocks, sizes, tiers = self._escalate(request, context, items, rates,
+                                                          level, budget)
+            skims = [_size(context, b, rate, "skim") for b, rate in zip(blocks, rates)]
+
+            def choose(room: int) -> tuple[list[_Block], list[int], list[int]]:
+                return blocks, _fit(items, sizes, skims, room), tiers
+        else:
+            level, sizes, choose = packed
+        floor = sum(s + 8 for s, it in zip(sizes, items) if it.pinned)  # never dropped
+        budget = max(budget, floor)
+        # Sizes are estimated from each original's tokens per character; the exact count
+        # of the assembled message corrects the estimate (a few refits at most).
+        limit = max(request.budget_tokens, floor + header_tokens)  # the engine allows pins
+        blocks, forms, tiers, text, tokens = self._refit(request, context, choose, budget,
+                                                         limit, packed is not None)
+        self._archive(request, blocks, forms)
+        message = request.dialect.text_message(text)
+        return Rendered(message, tokens, level, _report(items, measured, blocks, forms))
+
+    @staticmethod
+    def _refit(request: CompactionRequest, context: _Context, choose: Any, budget: int,
+               limit: int, fill: bool) -> tuple[list[_Block], list[int], list[int], str, int]:
+        """The rendering ``choose(room)`` gives whose exact count is within ``limit``:
+        sizes are estimated from each original's tokens per character, the exact count of
+        the assembled message corrects the estimate (a few refits). With ``fill`` (packing,
+        whose estimates of results named on their call's line are upper bounds), a
+        rendering well under the limit is refitted with more room too, and the fullest
+        within the limit is kept."""
+        room, low, high = budget, 0, None
+        best: tuple[list[_Block], list[int], list[int], str, int] | None = None
+        for _ in range(8):
+            blocks, forms, tiers = choose(room)
+            text, tokens = _counted(request, context, blocks, forms, tiers)
+            if tokens <= limit:
+                if best is None or tokens > best[4]:
+                    best = (blocks, forms, tiers, text, tokens)
+                if not fill or tokens >= limit * 0.97:
+                    break
+                low = room
+                grown = room + (limit - tokens) if high is None else (room + high) // 2
+                if grown <= room + 8 or (high is not None and high - low <= 16):
+                    break
+                room = grown
+            else:
+                if not any(forms) or room <= 0:
+                    break
+                high = room
+                shrunk = min(int(room * limit / tokens), room - tokens + limit) - 8
+                room = shrunk if not fill or shrunk > low else (low + room) // 2
+                if fill and room <= low:
+                    break
+        return best if best is not None else (blocks, forms, tiers, text, tokens)
+
+    def _escalate(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
+                  rates: Sequence[float], level: int, budget: int
+                  ) -> tuple[int, list[_Block], list[int], list[int]]:
+        """The level whose rendering fits ``budget`` (graded by age from ``grade_from``:
+        :meth:`_grade`), or the last: (level, blocks, sizes, tiers)."""
+        top = len(self.levels) - 1
         tiers = [0] * len(items)
         while True:
             grading = self.grade_by_age and level >= self.grade_from
@@ -223,30 +298,38 @@ class CliffStrategy:
             sizes = [_size(context, b, rate) for b, rate in zip(blocks, rates)]
             total = sum(sizes) + len(blocks)
             if total <= budget or level == top:
-                break
+                return level, blocks, sizes, tiers
             if grading:
                 graded = self._grade(request, context, items, blocks, sizes, rates,
                                      budget - total)
                 if graded is not None:
-                    blocks, sizes, tiers = graded
-                    break
+                    return level, *graded
             level += 1
-        skims = [_size(context, b, rate, "skim") for b, rate in zip(blocks, rates)]
-        floor = sum(s + 8 for s, it in zip(sizes, items) if it.pinned)  # never dropped
-        budget = max(budget, floor)
-        # Sizes are estimated from each original's tokens per character; the exact count
-        # of the assembled message corrects the estimate (a few refits at most).
-        fit_budget = budget
-        limit = max(request.budget_tokens, floor + header_tokens)  # the engine allows pins
-        for _ in range(8):
-            forms = _fit(items, sizes, skims, fit_budget)
-            text, tokens = _counted(request, context, blocks, forms, tiers)
-            if tokens <= limit or not any(forms) or fit_budget <= 0:
-                break
-            fit_budget = min(int(fit_budget * limit / tokens), fit_budget - tokens + limit) - 8
-        self._archive(request, blocks, forms)
-        message = request.dialect.text_message(text)
-        return Rendered(message, tokens, level, _report(items, measured, blocks, forms))
+
+    def _packing(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
+                 rates: Sequence[float], level: int, budget: int
+                 ) -> tuple[int, list[int], Any] | None:
+        """Newest first (``newest_share``): ``None`` when the rendering at ``level`` fits;
+        else the level of the rich renderings, their sizes and ``choose(room)`` giving
+        (blocks, forms, tiers) packed by :func:`_pack`."""
+        if self._may_fit(request, context, items, rates, level, budget):
+            blocks = [self._block(request, context, item, level) for item in items]
+            sizes = [_size(context, b, rate) for b, rate in zip(blocks, rates)]
+            if sum(sizes) + len(blocks) <= budget:
+                return None
+        top = len(self.levels) - 1
+        level = max(level, min(self.grade_from, top))
+        rich = [self._block(request, context, item, level) for item in items]
+        lean = [self._block(request, context, item, top) for item in items]
+        rich_sizes = [_shown_size(context, b, rate) for b, rate in zip(rich, rates)]
+        lean_sizes = [_shown_size(context, b, rate) for b, rate in zip(lean, rates)]
+        skims = [_size(context, b, rate, "skim") for b, rate in zip(rich, rates)]
+        shares = (self.newest_share or 0.0, self.human_share)
+
+        def choose(room: int) -> tuple[list[_Block], list[int], list[int]]:
+            forms, tiers = _pack(items, rich_sizes, lean_sizes, skims, room, shares)
+            return [b if t == 0 else a for b, a, t in zip(rich, lean, tiers)], forms, tiers
+        return level, rich_sizes, choose
 
     def _cannot_fit(self, context: _Context, items: Sequence[_Item], rates: Sequence[float],
                     level: int, budget: int, grading: bool) -> bool:
@@ -380,17 +463,22 @@ class _Item:  # not frozen: a frozen dataclass's __init__ costs several times mo
     override: tuple[str, ...] | None  # parts from the render_message hook
     pos: int = 0  # position in the call's list of items
     lean: bool = False  # carried and not human: rendered lean at every level
+    unpinned: bool = False  # a pin past the pin budget: never omitted, its skim line stays
 
 
 def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
              cache: _TextCache | None = None) -> list[_Item]:
     """The messages to render: the span, and from earlier cycles the pinned messages and
-    (with ``carry``) the human ones (with ``carry_calls`` all the others too)."""
+    (with ``carry``) the human ones (with ``carry_calls`` all the others too). A user
+    message carrying tool results beside text is two items, its results (a tool item)
+    and its text (a human one); a pin's item holds its pinned text alone (what the user
+    typed: ``agentcompact._pins``), the rest of its message is an item of its own."""
     dialect, messages, kept, span_start = (request.dialect, request.messages, request.kept,
                                            request.span_start)
     pins = request.pins_possible
     found = request.pins  # the engine's (``pinned`` answers from them)
     pinned_at = request.pinned if found is None else found.__contains__
+    unpinned = request.unpinned
     hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
     items: list[_Item] = []
     facts = (cache or _TextCache()).facts
@@ -405,12 +493,47 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
             carry and (role in _HUMAN_ROLES or carry_calls)
         ):
             continue  # earlier cycles: what is carried
-        if carried and not pinned and not any(p.text for p in parts):
-            continue  # ... with some text
         override = _hook_render(request, message) if hooks else None
-        items.append(_Item(i, role, parts, pinned, carried, override, len(items),
-                           carried and role not in _HUMAN_ROLES))
+        for item_role, item_parts, item_pinned in _split(role, parts, pinned, override):
+            if carried and not item_pinned and not any(p.text for p in item_parts):
+                continue  # ... with some text
+            if carried and not item_pinned and not carry_calls and item_role not in \
+                    _HUMAN_ROLES:
+                continue
+            items.append(_Item(i, item_role, item_parts, item_pinned, carried, override,
+                               len(items), carried and item_role not in _HUMAN_ROLES,
+                               i in unpinned))
     return items
+
+
+def _split(role: str, parts: tuple[Part, ...], pinned: bool, override: Any
+           ) -> list[tuple[str, tuple[Part, ...], bool]]:
+    """The items of one message: (role, parts, pinned). See :func:`_collect`."""
+    if override is not None or role != "user":
+        return [(role, parts, pinned)]
+    results = tuple(p for p in parts if p.kind == "tool_result")
+    rest = tuple(p for p in parts if p.kind != "tool_result")
+    if pinned:
+        typed: list[Part] = []
+        injected: list[Part] = []
+        for p in rest:
+            if p.kind != "text" or not p.text:
+                injected.append(p)
+                continue
+            pieces, harness = split_injected(p.text)
+            typed += [Part("text", piece) for piece in pieces]
+            injected += [Part("text", text) for text in harness]
+        if not typed:  # nothing typed: the pin keeps the message's text (pinned_texts)
+            return [(role, parts, True)]
+        out: list[tuple[str, tuple[Part, ...], bool]] = []
+        if results:
+            out.append(("tool", results, False))
+        if injected:
+            out.append((role, tuple(injected), False))
+        return [*out, (role, tuple(typed), True)]
+    if results and rest:
+        return [("tool", results, False), (role, rest, False)]
+    return [(role, parts, pinned)]
 
 
 def _hook_render(request: CompactionRequest, message: Any) -> tuple[str, ...] | None:
@@ -813,6 +936,13 @@ def _size(context: _Context, block: _Block, rate: float, variant: str = "full") 
     return size
 
 
+def _shown_size(context: _Context, block: _Block, rate: float) -> int:
+    """``_size`` of the rendering shown at most: a result named on its call's line shows
+    its own line when the call is not shown beside it (``_shown``: ``alone``)."""
+    size = _size(context, block, rate)
+    return max(size, _size(context, block, rate, "alone")) if block.alone is not None else size
+
+
 _SEG_TEXT = itemgetter(1)  # a segment's text (joined at C speed)
 
 
@@ -951,35 +1081,87 @@ _OMIT, _SKIM, _FULL = 0, 1, 2
 
 def _token_rates(items: Sequence[_Item], measured: Sequence[int]) -> list[float]:
     """Tokens per character of each item's original message (``measured``: its tokens)."""
-    rates = []
-    for item, tokens in zip(items, measured):
-        chars = sum(len(p.text) + len(p.name) for p in item.parts)
-        rates.append(tokens / chars if chars else 0.3)
-    return rates
+    chars: dict[int, int] = {}  # a message's characters (over the items it was split into)
+    for item in items:
+        chars[item.index] = chars.get(item.index, 0) + sum(len(p.text) + len(p.name)
+                                                           for p in item.parts)
+    return [tokens / chars[item.index] if chars[item.index] else 0.3
+            for item, tokens in zip(items, measured)]
 
 
 def _estimate(chars: int, rate: float) -> int:
     return int(chars * max(rate, 0.25)) + 2 if chars else 0
 
 
+def _pack(items: Sequence[_Item], rich: Sequence[int], lean: Sequence[int],
+          skims: Sequence[int], budget: int, shares: tuple[float, float]
+          ) -> tuple[list[int], list[int]]:
+    """Forms and tiers (0: the rich rendering, 1: the lean one), newest first: pinned
+    items whole; then pins past the pin budget and human items, newest first, within
+    ``shares[1]`` of ``budget``; then
+    every other item, newest first: rich while the extra the rich renderings cost stays
+    within ``shares[0]`` of the budget, else lean, else its skim line (bulky items and pins
+    past the pin budget), else left out. The oldest are left out first because the newest
+    take the room first."""
+    n = len(items)
+    forms, tiers = [_OMIT] * n, [1] * n
+    used = extra = 0
+    rich_room, human_room = int(shares[0] * budget), int(shares[1] * budget)
+    for i, item in enumerate(items):
+        if item.pinned:
+            forms[i], tiers[i] = _FULL, 0
+            used += rich[i] + 1
+    newest = range(n - 1, -1, -1)
+    for kind in ("unpinned", "human", "any"):
+        room = min(budget, used + human_room) if kind != "any" else budget
+        for i in newest:
+            item = items[i]
+            if item.pinned or forms[i] != _OMIT or (kind == "human" and item.role not in
+                                                    _HUMAN_ROLES) or (
+                    kind == "unpinned" and not item.unpinned):
+                continue
+            if not rich[i] and not lean[i]:
+                continue  # nothing to show
+            more = rich[i] - lean[i]
+            if extra + more <= rich_room and used + rich[i] < room:
+                forms[i], tiers[i] = _FULL, 0
+                used, extra = used + rich[i] + 1, extra + max(more, 0)
+            elif used + lean[i] < room:
+                forms[i] = _FULL
+                used += lean[i] + 1
+            elif (skims[i] <= lean[i] // 2 or item.unpinned) and used + skims[i] < room:
+                forms[i] = _SKIM
+                used += skims[i] + 1
+    return forms, tiers
+
+
 def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], budget: int
          ) -> list[int]:
     """Oldest first, bulky items become skim lines, then items go: non-human ones first,
-    human ones next, pinned ones never."""
+    human ones next, pinned ones never (pins past the pin budget keep their skim line
+    while the budget allows)."""
     forms = [_FULL if s else _OMIT for s in sizes]
     total = sum(s + 1 for s in sizes if s)
     for humans in (False, True):
-        for form, cost in ((_SKIM, skims), (_OMIT, [0] * len(items))):
+        for form in (_SKIM, _OMIT):
             for i, item in enumerate(items):
                 if total <= budget:
                     return forms
                 if forms[i] > form and not item.pinned and \
                         (item.role in _HUMAN_ROLES) == humans:
                     now = sizes[i] if forms[i] == _FULL else skims[i]
-                    if form == _SKIM and skims[i] > now // 2:
+                    to = _SKIM if item.unpinned else form  # an unpinned pin keeps a line
+                    if to == _SKIM and (forms[i] == _SKIM or form == _SKIM
+                                        and skims[i] > now // 2):
                         continue  # skim lines only where they save half: bulky items
-                    total -= now - cost[i] + (1 if form == _OMIT else 0)
-                    forms[i] = form
+                    total -= now - (skims[i] if to == _SKIM else 0) + (to == _OMIT)
+                    forms[i] = to
+    for i, item in enumerate(items):  # still over: unpinned pins' lines go, oldest first
+        if total <= budget:
+            break
+        if forms[i] == _SKIM and item.unpinned:
+            total -= skims[i] + 1
+            forms[i] = _OMIT
     return forms
 
 
@@ -1056,7 +1238,11 @@ def _counted(request: CompactionRequest, context: _Context, blocks: Sequence[_Bl
 
 def _report(items: Sequence[_Item], tokens: Sequence[int], blocks: Sequence[_Block],
             forms: Sequence[int]) -> list[DroppedItem]:
-    report = []
+    """One entry per message: ``dropped`` when something of it is left out without a
+    trace (an item of a split message omitted), else ``truncated`` when something is cut
+    or skimmed, else ``rendered``."""
+    report: dict[int, DroppedItem] = {}
+    rank = {"rendered": 0, "truncated": 1, "dropped": 2}
     for item, block, form, n in zip(items, blocks, forms, tokens):
         if form == _OMIT or not block.full:
             action = "dropped"
@@ -1064,9 +1250,13 @@ def _report(items: Sequence[_Item], tokens: Sequence[int], blocks: Sequence[_Blo
             action = "truncated"
         else:
             action = "rendered"
-        kind = item.parts[0].kind if item.parts else "other"
-        report.append(DroppedItem(item.index, item.role, action, n, kind))
-    return report
+        found = report.get(item.index)
+        if found is None:
+            kind = item.parts[0].kind if item.parts else "other"
+            report[item.index] = DroppedItem(item.index, item.role, action, n, kind)
+        elif rank[action] > rank[found.action]:
+            found.action = action
+    return list(report.values())
 
 
 def render_segments(request: CompactionRequest, level: int = 0,
@@ -1084,4 +1274,5 @@ def settings_dict(strategy: CliffStrategy) -> dict[str, Any]:
             "carry_forward_human": strategy.carry_forward_human,
             "carry_forward_calls": strategy.carry_forward_calls,
             "human_floor_tokens": strategy.human_floor_tokens,
-            "grade_by_age": strategy.grade_by_age, "grade_from": strategy.grade_from}
+            "grade_by_age": strategy.grade_by_age, "grade_from": strategy.grade_from,
+            "newest_share": strategy.newest_share, "human_share": strategy.human_share}

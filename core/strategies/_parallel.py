@@ -59,6 +59,7 @@ from ._summary import (
     fit_text,
     hook_prompt,
     make_summarizer,
+    pinned_block,
     run_job_async,
     run_job_sync,
     summarized_items,
@@ -197,7 +198,7 @@ class ParallelStrategy:
     def _plan(self, request: CompactionRequest) -> _Plan:
         counter = request.meter.counter
         budget = (request.budget_tokens - MESSAGE_OVERHEAD
-                  - counter.count_texts([SUMMARY_HEADER + "\n"])[0])
+                  - counter.count_texts([SUMMARY_HEADER + "\n" + pinned_block(request)])[0])
         if budget < self.min_block_output_tokens:
             raise CompactionError(f"parallel: budget {budget} tokens is below "
                                   f"min_block_output_tokens={self.min_block_output_tokens}")
@@ -326,7 +327,7 @@ class ParallelStrategy:
                     items += summarized_items(request, entries)
         body = fit_text("\n\n".join(p.strip() for p in pieces if p.strip()), plan.budget,
                         counter)
-        text = f"{SUMMARY_HEADER}\n{body}"
+        text = f"{SUMMARY_HEADER}\n{body}{pinned_block(request)}"
         tokens = request.meter.count_text_message(text)
         rendered = Rendered(request.dialect.text_message(text), tokens, request.level, items)
         rendered.errors.extend(errors)

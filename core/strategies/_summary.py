@@ -63,6 +63,7 @@ __all__ = [
     "fit_entries",
     "fit_text",
     "make_summarizer",
+    "pinned_block",
     "summary_entries",
     "training_cache_size",
 ]
@@ -109,10 +110,14 @@ class Entry:
     earlier: bool = False
 
 
-def _render(dialect: Any, message: Any, role: str) -> tuple[str, bool]:
+def _render(dialect: Any, message: Any, role: str, pinned: bool = False) -> tuple[str, bool]:
+    """The transcript text of ``message``, and whether it holds human text (with ``pinned``:
+    without its text parts, quoted verbatim beside the summary)."""
     lines: list[str] = []
     human = False
     for part in dialect.parts(message):
+        if pinned and part.kind == "text":
+            continue
         if part.kind == "text" and part.text:
             lines.append(f"[{role}]\n{part.text}")
             human = human or role in _HUMAN_ROLES
@@ -128,19 +133,33 @@ def _render(dialect: Any, message: Any, role: str) -> tuple[str, bool]:
 
 
 def summary_entries(request: CompactionRequest, indices: Sequence[int]) -> list[Entry]:
-    """Transcript entries of the original messages at ``indices`` (synthetic and pinned
-    messages skipped: a compaction is never summarized, a pinned message is kept verbatim)."""
+    """Transcript entries of the original messages at ``indices`` (synthetic messages
+    skipped: a compaction is never summarized; of a pinned message, what shares it with
+    its pinned text: the tool results beside a rule, quoted verbatim apart)."""
     dialect = request.dialect
     out: list[Entry] = []
     for i in indices:
         message = request.messages[i]
-        if dialect.is_synthetic(message) or request.pinned(i):
+        if dialect.is_synthetic(message):
             continue
+        pinned = request.pinned(i)
+        if pinned and not any(p.kind == "text" and p.text for p in dialect.parts(message)):
+            continue  # its whole text is pinned
         role = dialect.role(message)
-        text, human = _render(dialect, message, role)
+        text, human = _render(dialect, message, role, pinned)
         if text:
             out.append(Entry(i, role, text, human, i < request.span_start))
     return out
+
+
+def pinned_block(request: CompactionRequest) -> str:
+    """The pinned text of the span's pins (``CompactionRequest.pinned_text``), each pin as
+    ``[pinned message, verbatim]`` and its pieces, for the end of a summary message."""
+    dialect = request.dialect
+    return "".join(
+        "\n\n[pinned message, verbatim]\n" + "\n".join(request.pinned_text(i))
+        for i in range(request.head_len, request.cut)
+        if not dialect.is_synthetic(request.messages[i]) and request.pinned(i))
 
 
 def _tokens(counter: TokenCounter, texts: Sequence[str]) -> int:
@@ -419,10 +438,7 @@ class SummaryStrategy:
     # --- planning ---------------------------------------------------------------------
     def _plan(self, request: CompactionRequest) -> _Plan:
         counter = request.meter.counter
-        pinned = [request.messages[i] for i in range(request.head_len, request.cut)
-                  if not request.dialect.is_synthetic(request.messages[i]) and request.pinned(i)]
-        pinned_text = "".join(f"\n\n[pinned message, verbatim]\n{request.dialect.text_of(m)}"
-                              for m in pinned)
+        pinned_text = pinned_block(request)
         fixed = counter.count_texts([SUMMARY_HEADER + "\n" + pinned_text])[0] + MESSAGE_OVERHEAD
         out_budget = request.budget_tokens - fixed
         if out_budget < self.min_output_tokens:

@@ -57,7 +57,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
            "tokens (default 100000)")
     a("--target", type=int, metavar="TOKENS",
       help="size to compact down to (default: the request's fixed part - system prompt, "
-           "tools, instruction items - plus 0.35 of what the trigger leaves besides it)")
+           "tools, instruction items - plus 0.26 of what the trigger leaves besides it, at "
+           "least 6000 tokens of it and at most half)")
     a("--counter", help="token counter: tiktoken (default), tiktoken:ENC, hf:PATH, chars")
     a("--anthropic-upstream", metavar="URL", help="default https://api.anthropic.com")
     a("--openai-upstream", metavar="URL", help="default https://api.openai.com")

@@ -39,8 +39,8 @@ class ProxyConfig:
     :param trigger: compact when a request (its messages, system prompt, instructions and
         tool schemas) exceeds this many tokens.
     :param target: bring it down to at most this many (default: the request's fixed part
-        plus ``DEFAULT_TARGET_SHARE`` (0.35) of what the trigger leaves besides it;
-        ``Budget.target_for``).
+        plus ``DEFAULT_TARGET_SHARE`` (0.26) of what the trigger leaves besides it, at
+        least 6,000 tokens of it and at most half; ``Budget.target_for``).
     :param counter: token counter spec (``tiktoken``, ``tiktoken:ENC``, ``hf:PATH``, ``chars``).
     :param anthropic_upstream: base URL for Anthropic paths (request path appended).
     :param openai_upstream: base URL for every other path.

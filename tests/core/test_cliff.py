@@ -69,9 +69,27 @@ def test_long_results_truncated_head_and_tail_not_dropped() -> None:
 def test_escalates_when_over_budget() -> None:
     msgs = build("anthropic", PLAN)
     req = request("anthropic", msgs, budget=400)
-    rendered = CliffStrategy().compact(req)
+    rendered = CliffStrategy(newest_share=None).compact(req)
     assert rendered.level == len(DEFAULT_LEVELS) - 1 and rendered.tokens <= 400
     assert any(i.action == "dropped" for i in rendered.items)
+
+
+def test_packs_newest_first_when_over_budget() -> None:
+    """The default packing: over budget, the newest items keep level 1's rendering and the
+    oldest are left out, where escalating would render every item at the last level."""
+    msgs = build("anthropic", PLAN)
+    req = request("anthropic", msgs, budget=600)
+    packed = CliffStrategy(archive=False).compact(req)
+    escalated = CliffStrategy(archive=False, newest_share=None).compact(req)
+    assert packed.level == 1 and packed.tokens <= 600 and escalated.level > 1
+    text = req.dialect.text_of(packed.message)
+    newest = next(i for i in range(len(msgs) - 1, -1, -1) if any(
+        p.kind == "tool_result" and len(p.text) > 300 for p in req.dialect.parts(msgs[i]))
+        and i < req.cut)
+    result = next(p.text for p in req.dialect.parts(msgs[newest]) if p.kind == "tool_result")
+    assert result[:20] in text  # its head, cut at level 1 (a skim line at the last level)
+    assert result[:20] not in req.dialect.text_of(escalated.message)
+    assert packed.items[0].action == "dropped"  # the oldest went first
 
 
 def test_carries_earlier_human_messages_forward() -> None:
@@ -102,20 +120,20 @@ def test_pinned_message_verbatim() -> None:
     assert msgs[4]["content"] in text
 
 
-def test_thinking_left_out_by_default_kept_by_a_level_that_caps_it() -> None:
+def test_thinking_kept_capped_by_default_left_out_by_a_level_without_it() -> None:
     from dataclasses import replace
 
     from agentcompact.strategies._cliff import DEFAULT_LEVELS
 
     msgs = build("anthropic", PLAN)
-    assert "[thinking]" not in "".join(
-        t for _, t in render_segments(request("anthropic", msgs), 0))
-    levels = (replace(DEFAULT_LEVELS[0], thinking_max=600), *DEFAULT_LEVELS[1:])
-    keeps = CliffStrategy(levels=levels, archive=False)
     assert "[thinking]" in "".join(
-        t for _, t in render_segments(request("anthropic", msgs), 0, keeps))
+        t for _, t in render_segments(request("anthropic", msgs), 0))
+    levels = (replace(DEFAULT_LEVELS[0], thinking_max=0), *DEFAULT_LEVELS[1:])
+    drops = CliffStrategy(levels=levels, archive=False)
     assert "[thinking]" not in "".join(
-        t for _, t in render_segments(request("anthropic", msgs), 1, keeps))
+        t for _, t in render_segments(request("anthropic", msgs), 0, drops))
+    assert "[thinking]" in "".join(
+        t for _, t in render_segments(request("anthropic", msgs), 1, drops))
 
 
 def test_render_message_hook_overrides_with_quotes() -> None:
@@ -139,15 +157,17 @@ def test_render_message_hook_overrides_with_quotes() -> None:
 
 
 def test_grading_by_age_leans_the_oldest_items_and_keeps_the_level() -> None:
-    # over budget at level 1: the oldest items take the last level's rendering, the
-    # newest keep level 1 (their long results cut to head and tail, not skim lines)
+    # the rule without packing (newest_share=None): over budget at level 1, the oldest
+    # items take the last level's rendering, the newest keep level 1 (their long results
+    # cut to head and tail, not skim lines)
     msgs = build("openai_chat", PLAN)
     top = len(DEFAULT_LEVELS) - 1
     at_1 = CliffStrategy(grade_by_age=False).compact(request("openai_chat", msgs, level=1))
     at_top = CliffStrategy().compact(request("openai_chat", msgs, level=top))
     assert at_1.level == 1 and at_top.tokens < at_1.tokens
     budget = (at_1.tokens + at_top.tokens) // 2
-    graded = CliffStrategy().compact(request("openai_chat", msgs, budget=budget))
+    graded = CliffStrategy(newest_share=None).compact(
+        request("openai_chat", msgs, budget=budget))
     uniform = CliffStrategy(grade_by_age=False).compact(
         request("openai_chat", msgs, budget=budget))
     assert graded.level == 1 and uniform.level > 1

@@ -265,7 +265,8 @@ class Pin:
 
 def test_the_engine_hands_the_strategy_its_pins() -> None:
     """``CompactionRequest.pins``: the engine fills it from its plan (every message the
-    hook pins, synthetic ones aside), ``pinned()`` answers from it without asking the
+    hook pins, synthetic ones aside, the pins past the pin budget in ``unpinned``),
+    ``pinned()`` answers from it without asking the
     hook again, and a request without it asks the hook: the same rendering."""
     pm = new_plugin_manager()
     asked: list[int] = []
@@ -286,8 +287,10 @@ def test_the_engine_hands_the_strategy_its_pins() -> None:
         engine.compact(msgs[:c])
     assert seen and any(req.pins for req in seen)
     for req in seen:
-        assert req.pins == {i for i in range(req.head_len, len(req.messages))
-                            if i % 5 == 3 and not req.dialect.is_synthetic(req.messages[i])}
+        assert req.pins is not None and not req.pins & req.unpinned  # past the pin budget
+        assert req.pins | req.unpinned == {
+            i for i in range(req.head_len, len(req.messages))
+            if i % 5 == 3 and not req.dialect.is_synthetic(req.messages[i])}
         asking = replace(req, pins=None)
         rendered, before = CliffStrategy(archive=False).compact(req), len(asked)
         assert same(rendered, CliffStrategy(archive=False).compact(asking))

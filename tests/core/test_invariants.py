@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agentcompact import (
+    DEFAULT_TARGET_FLOOR,
     DEFAULT_TARGET_SHARE,
     Budget,
     CompactionEvent,
@@ -399,8 +400,9 @@ def test_a_call_followed_by_a_message_that_does_not_answer_it_is_refused(dialect
 
 def test_default_target_accounts_for_the_fixed_part() -> None:
     b = Budget(30_000)
-    assert b.target == 30_000 * DEFAULT_TARGET_SHARE
-    assert b.target_for(20_000) == 20_000 + int(DEFAULT_TARGET_SHARE * 10_000)
+    assert b.target == int(30_000 * DEFAULT_TARGET_SHARE)
+    assert b.target_for(20_000) == 20_000 + 10_000 // 2  # the floor, at most half the rest
+    assert Budget(12_000).target == DEFAULT_TARGET_FLOOR  # the floor, not 0.26 x 12k
     assert b.target_for(40_000) == 40_000
     assert Budget(30_000, 9_000).target_for(20_000) == 9_000
     # a fixed part above a quarter of the trigger: the newest tool result stays whole
@@ -409,7 +411,8 @@ def test_default_target_accounts_for_the_fixed_part() -> None:
     e = Engine("cliff", "openai_chat", Budget(6000), plugins=new_plugin_manager())
     r = e.compact(msgs, fixed_tokens=3000)
     assert r.compacted and r.messages[-1] == newest
-    assert r.tokens_after <= e.budget.target_for(3000) + 50
+    assert r.events and all(ev.tokens_after <= e.budget.target_for(3000) + 50
+                            for ev in r.events)
 
 
 def test_newest_turn_is_truncated_only_after_older_kept_turns() -> None:

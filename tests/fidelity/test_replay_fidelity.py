@@ -15,7 +15,8 @@ RULE = "Never edit files under vendor/ and keep every function under 40 lines."
 def session() -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in src/app.py"}]
     for k in range(30):
-        log = f"src/module_{k}.py:{100 + k}: check_value_{k}\n" + text(2_500, k)
+        log = (text(1_250, k) + f"\nsrc/module_{k}.py:{100 + k}: check_value_{k}\n"
+               + text(1_250, k + 100))  # mid-result: a compaction cuts it out
         msgs.append({"role": "assistant", "content": [
             {"type": "text", "text": f"Looking at module_{k}."},
             {"type": "tool_use", "id": f"t{k}", "name": "Bash",

@@ -6,7 +6,8 @@ checks every result: input never mutated; output valid for the provider (the dia
 rules, problems the input already had aside, plus the thinking-loop rule); within the
 limit, or flagged ``over_budget``, or a documented ``OverBudgetError`` in strict mode; the
 same output as an engine of the same settings alone (no cross-config reuse, determinism);
-every pinned text present; every message holding a type the code does not model sent
+every pinned text present (what the user typed, within the pin budget: pins an event
+reports ``unpinned`` aside); every message holding a type the code does not model sent
 verbatim (the same object); fed back in (rewrite mode), every earlier compaction message
 carried verbatim; no canary secret in any error, event or log record.
 """
@@ -29,6 +30,7 @@ from agentcompact import (
     StrategySettings,
     hookimpl,
     new_plugin_manager,
+    pinned_texts,
 )
 from agentcompact._turns import problems, split_turns, thinking_loop_error
 
@@ -171,10 +173,11 @@ def _call(engine: Engine, plugin: _Plugin, ctx: list[Any], tally: Tally, where: 
         tally.violations.append(f"{where}: tokens_after {result.tokens_after} is not the "
                                 f"count of the output {engine.count(out)}")
     out_text = "\n".join(_texts(engine, out))
+    unpinned = {i for event in plugin.events for i in event.unpinned}  # past the pin budget
     for i, text in enumerate(_texts(engine, ctx)):
-        if PIN in text and text not in out_text and not any(m is ctx[i] for m in out):
-            for part in d.parts(ctx[i]):
-                if part.text and part.text not in out_text:
+        if PIN in text and i not in unpinned and not any(m is ctx[i] for m in out):
+            for piece in pinned_texts(d, ctx[i]):
+                if piece not in out_text:
                     tally.violations.append(f"{where}: pinned message {i} lost")
                     break
         if d.is_kept(ctx[i]) and not any(m is ctx[i] for m in out):
