@@ -8,6 +8,7 @@ caching (cache reads 0.1×, cache writes 1.25× the input price).
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from ._budget import Budget
 from ._cachecost import CacheCost
 from ._engine import Engine
 from ._tokens import MessageMeter
+from ._turns import split_turns
 from .errors import ConfigError
 
 __all__ = ["DemoReport", "check_settings", "demo_session", "run_demo"]
@@ -105,8 +107,12 @@ class DemoReport:
     sent: list[dict[str, Any]] = field(default_factory=list)
     sent_tokens: int = 0
     head_len: int = 0
+    #: compactions that fell back from the cliff strategy's own output (no room for it)
+    fallbacks: int = 0
 
 
+#: tokens a compaction message needs beside the newest turn to show anything
+_ROOM = 1_000
 #: the most turns the demo builds (about 2,600 tokens each)
 MAX_TURNS = 2_000
 
@@ -129,11 +135,23 @@ def run_demo(trigger: int = 60_000, turns: int = 160) -> DemoReport:
         raise ConfigError(f"--trigger {trigger:,}: the {turns}-turn session peaks at {full:,} "
                           "tokens and would never be compacted; give a smaller --trigger "
                           "or more --turns")
-    report = _replay(messages, engine, trigger)
-    if report.peak_tokens > trigger:
-        enough = -(-int(report.peak_tokens * 1.05) // 1000) * 1000
-        raise ConfigError(f"--trigger {trigger:,} is smaller than the newest turns the engine "
-                          f"always keeps whole (up to {report.peak_tokens:,} tokens here); "
+    engine_log = logging.getLogger("agentcompact")
+    level = engine_log.level
+    engine_log.setLevel(logging.ERROR)  # a fallback is counted here and refused below
+    try:
+        report = _replay(messages, engine, trigger)
+    finally:
+        engine_log.setLevel(level)
+    if report.peak_tokens > trigger or report.fallbacks:
+        # the newest turn stays whole: the trigger must hold the largest one, the head and
+        # room for the compaction message beside them
+        turns_of = split_turns(messages, engine.dialect)
+        newest = max(engine.count(messages[turns_of.starts[k]:turns_of.end(k)])
+                     for k in range(len(turns_of)))
+        head = engine.count(messages[:turns_of.head_len])
+        enough = -(-(newest + head + _ROOM) // 1000) * 1000
+        raise ConfigError(f"--trigger {trigger:,} leaves no room beside the newest turn, which "
+                          f"the engine keeps whole (up to {newest:,} tokens here); "
                           f"give --trigger {enough} or more")
     return report
 
@@ -143,6 +161,7 @@ def _replay(messages: list[dict[str, Any]], engine: Engine, trigger: int) -> Dem
     ours, full = CacheCost(), CacheCost()
     calls = compactions = 0
     spent = 0.0
+    fallbacks = 0
     last: Any = None
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
@@ -153,6 +172,7 @@ def _replay(messages: list[dict[str, Any]], engine: Engine, trigger: int) -> Dem
         spent += time.perf_counter() - t0
         calls += 1
         compactions += last.compacted
+        fallbacks += sum(1 for e in last.events if e.fallback is not None)
         sent = meter.measure(last.messages)
         ours.add(sent.digests, sent.tokens)
         original = meter.measure(context)
@@ -161,4 +181,4 @@ def _replay(messages: list[dict[str, Any]], engine: Engine, trigger: int) -> Dem
                       full.cached_share, ours.cost / full.cost, spent * 1000 / max(calls, 1),
                       history=messages[:-1], history_tokens=last.tokens_original,
                       sent=list(last.messages), sent_tokens=last.tokens_after,
-                      head_len=last.head_len)
+                      head_len=last.head_len, fallbacks=fallbacks)

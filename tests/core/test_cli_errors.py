@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -101,7 +102,8 @@ def test_an_os_error_names_the_file(tmp_path: Path,
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["demo", "--trigger", "100"], "give --trigger 22000 or more"),
+    (["demo", "--trigger", "100"], "leaves no room beside the newest turn"),
+    (["demo", "--trigger", "6000"], "leaves no room beside the newest turn"),
     (["demo", "--trigger", "1000000"], "would never be compacted; give a smaller --trigger"),
     (["demo", "--turns", "0"], "--turns 0: give 1 to 2,000 turns"),
 ])
@@ -109,6 +111,13 @@ def test_demo_rejects_settings_that_show_nothing(argv: list[str], expected: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert expected in _one_line(capsys.readouterr().err)
+
+
+def test_the_trigger_demo_suggests_works(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--trigger", "6000"]) == 2
+    suggested = re.search(r"give --trigger (\d+) or more", capsys.readouterr().err)
+    assert suggested, "the error names a trigger that works"
+    assert main(["demo", "--trigger", suggested.group(1)]) == 0
 
 
 def test_a_usage_error_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
