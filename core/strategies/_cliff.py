@@ -1047,6 +1047,10 @@ def _render(request: CompactionRequest, context: _Context, item: _Item, caps: Cl
         if left_out and part.text:
             archived.append(archived_of[k])
             cut = True
+        if part.kind == "tool_call" and context.skims_result(part.ref, caps):
+            # the call's line names its result's handle: the result is archived with it,
+            # whatever the result's own item renders (packing gives items other levels)
+            archived.append(_archived(context, item, context.results[part.ref]))
         if part.kind == "tool_result" and not segs and part.ref in context.call_items:
             calls.add(part.ref)
             segs = _render_part(context, item, part, caps, on_call=False)[0]

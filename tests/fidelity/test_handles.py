@@ -31,6 +31,26 @@ def expanded(archive: Any, handle: str) -> str:
         offset = page.next_offset
 
 
+def test_a_result_named_on_its_calls_line_expands_when_its_own_item_shows_it() -> None:
+    """Packing renders items at other levels: a call at a lean level names its result's
+    handle while the result's own, newer item is shown at a richer one; the handle still
+    expands (found by the handles test's search)."""
+    plan = [(0, [], 0), (0, [0], 3000), (0, [994], 80), (900, [130], 3000), (170, [], 0),
+            (179, [40], 3000)]
+    archive = MemoryArchive()
+    engine = Engine(StrategySettings("cliff", options={"archive": archive}), "openai_chat",
+                    Budget(2903, 1451), plugins=new_plugin_manager())
+    msgs = build("openai_chat", plan)
+    d = engine.dialect
+    named = 0
+    for c in call_points(msgs, d):
+        sent = "\n".join(d.text_of(m) for m in engine.compact(msgs[:c]).messages)
+        for handle in set(re.findall(r"\[→ [^]]* expand (ac-[0-9a-f]{12})\]", sent)):
+            assert archive.get(handle) is not None, handle
+            named += 1
+    assert named
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dialect=dialects, plan=plans, trigger=st.integers(600, 5000),
        share=st.floats(0.1, 0.6))
