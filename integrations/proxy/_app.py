@@ -833,6 +833,9 @@ class ProxyApp(Starlette):
         self.state.proxy = proxy
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not _origin_form(scope):
+            await _NOT_ORIGIN_FORM(scope, receive, send)
+            return
         if (scope["type"] != "http" or scope["path"] == _STATUS_PATH
                 or scope["method"] not in _METHODS):
             await super().__call__(scope, receive, send)
@@ -846,6 +849,21 @@ class ProxyApp(Starlette):
             watch = scope[WATCH_KEY]
             if watch:
                 watch.close()
+
+
+def _origin_form(scope: Any) -> bool:
+    """Whether the request-target is origin-form (``/path?query``), or ``*`` of ``OPTIONS``:
+    the only forms the proxy joins onto an upstream URL. Another form (``@host:port/…``,
+    ``http://host/…``, ``path`` without its slash) would put a host or userinfo of the
+    client's choosing into it: every server refuses it alike (HTTP parsers differ)."""
+    target: bytes = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape")
+    return target[:1] == b"/" or (target == b"*" and scope["method"] == "OPTIONS")
+
+
+_NOT_ORIGIN_FORM = BufferedResponse(
+    400, [(b"content-type", b"text/plain; charset=utf-8")],
+    b"agentcompact proxy: the request-target must be a path starting with '/' "
+    b"(origin-form, RFC 9112 section 3.2.1)\n")
 
 
 def _store(url: str) -> PrefixStore:

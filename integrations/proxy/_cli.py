@@ -16,6 +16,7 @@ import orjson
 
 from agentcompact.errors import AgentCompactError
 
+from .._threaded_server import DEFAULT_KEEP_ALIVE, server_config
 from ._config import ENV_PREFIX, ProxyConfig
 from ._memory import keep_freed
 
@@ -77,6 +78,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     a("--state-dir", metavar="DIR",
       help="folder of the default store (default $AGENTCOMPACT_STATE_DIR or ~/.agentcompact)")
     a("--log-level", default="INFO", help="logging level (default INFO)")
+    a("--keep-alive", type=float, metavar="SECONDS",
+      help="seconds an idle client connection stays open, announced as 'Keep-Alive: "
+           f"timeout=N' (default {DEFAULT_KEEP_ALIVE:.0f})")
     a("--keep-memory", type=int, default=KEEP_MEMORY_MIB, metavar="MIB",
       help="freed memory the allocator keeps for the next large body instead of returning "
            f"it, in MiB (default {KEEP_MEMORY_MIB}; 0: the allocator's defaults; glibc "
@@ -88,7 +92,7 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
     overrides = {k: getattr(args, k, None) for k in (
         "host", "port", "strategy", "trigger", "target", "counter", "anthropic_upstream",
         "openai_upstream", "record", "shadow", "strict", "debug_dir", "reactive",
-        "max_sessions", "log_requests", "store", "state_dir", "archive")}
+        "max_sessions", "log_requests", "store", "state_dir", "archive", "keep_alive")}
     options = _options(getattr(args, "strategy_option", None) or [])
     if options:
         overrides["strategy_options"] = options
@@ -125,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
     mode = "shadow" if config.shadow else ("strict" if config.strict else "active")
     log.info("agentcompact proxy on http://%s:%d (%s, strategy=%s, trigger=%d tokens)",
              config.host, config.port, mode, config.strategy, config.trigger)
-    uvicorn.run(app, host=config.host, port=config.port, log_config=None,
-                log_level="warning", access_log=False)
+    uvicorn.Server(server_config(app, config.host, config.port,
+                                 keep_alive=config.keep_alive)).run()
     return 0
 
 
