@@ -163,36 +163,41 @@ class SharedArchive:
         for item in items:
             _check_item(item)
             batch.setdefault(item.handle, item)
-        with self._lock:
-            if self._pending:
-                self._write_back()
+        if self._pending:
+            self._write_back()
+        with self._lock:  # local state only: no lock is held during a backend call
             new = [it for h, it in batch.items()
                    if h not in self._written and h not in self._pending]
             for item in new:
                 self._remember(item)
-            if not new:
-                return
-            if self._guard.call("archive_put", [_row(it) for it in new]) is FAILED:
+        if not new:
+            return
+        if self._guard.call("archive_put", [_row(it) for it in new]) is FAILED:
+            with self._lock:
                 for item in new:
                     self._pending[item.handle] = item
                 while len(self._pending) > _MAX_PENDING:
                     self._pending.popitem(last=False)
-                return
+            return
+        with self._lock:
             self._stats["written"] += len(new)
             self._mark_written(it.handle for it in new)
 
     def get(self, handle: str) -> ArchivedItem | None:
         with self._lock:
             hit = self._recent.get(handle) or self._pending.get(handle)
-            if hit is not None:
-                return hit
-            row = self._guard.call("archive_get", handle)
-            if row is FAILED or row is None:
-                return None
+        if hit is not None:
+            return hit
+        row = self._guard.call("archive_get", handle)
+        if row is FAILED or row is None:
+            return None
+        item = ArchivedItem(*row)
+        with self._lock:
             self._stats["fetched"] += 1
-            item = ArchivedItem(*row)
             self._remember(item)
-            return item
+        if hasattr(self.backend, "archive_touch"):  # expanded: evicted last
+            self._guard.call("archive_touch", [handle])
+        return item
 
     def search(self, query: str, limit: int = 10) -> list[ArchivedItem]:
         if not query:
@@ -202,8 +207,9 @@ class SharedArchive:
         with self._lock:
             found = [it for it in reversed(self._pending.values())
                      if needle in it.text.casefold()]
-            rows = self._guard.call("archive_search", query, limit)
-            if rows is FAILED:  # what this process holds
+        rows = self._guard.call("archive_search", query, limit)
+        if rows is FAILED:  # what this process holds
+            with self._lock:
                 rows = [_row(it) for it in reversed(self._recent.values())
                         if needle in it.text.casefold()]
         seen = {it.handle for it in found}
@@ -211,15 +217,14 @@ class SharedArchive:
         return found[:limit]
 
     def __len__(self) -> int:
-        with self._lock:
-            count = self._guard.call("archive_count")
-            return len(self._pending) + (len(self._recent) if count is FAILED else count)
+        count = self._guard.call("archive_count")
+        return len(self._pending) + (len(self._recent) if count is FAILED else count)
 
     def status(self) -> dict[str, Any]:
-        """Counters for a status page: backend, availability, failures, writes."""
-        with self._lock:
-            return {**self._guard.status(), "cached": len(self._recent),
-                    "pending_write_back": len(self._pending), **self._stats}
+        """Counters for a status page: backend, state, failures, writes (read without
+        the lock: a status page never waits for a backend call)."""
+        return {**self._guard.status(), "cached": len(self._recent),
+                "pending_write_back": len(self._pending), **self._stats}
 
     def close(self) -> None:
         """Close the backend's connection (``open_archive`` opens a new archive for this
@@ -231,12 +236,16 @@ class SharedArchive:
         self.backend.close()
 
     def _write_back(self) -> None:
-        items = list(self._pending.values())
-        if self._guard.call("archive_put", [_row(it) for it in items]) is FAILED:
+        with self._lock:
+            items = list(self._pending.values())
+        if not items or self._guard.call("archive_put", [_row(it) for it in items]) is FAILED:
             return
-        self._pending.clear()
-        self._stats["written_back"] += len(items)
-        self._mark_written(it.handle for it in items)
+        with self._lock:
+            for item in items:
+                if self._pending.get(item.handle) is item:
+                    del self._pending[item.handle]
+            self._stats["written_back"] += len(items)
+            self._mark_written(it.handle for it in items)
 
     def _mark_written(self, handles: Iterable[str]) -> None:
         for handle in handles:

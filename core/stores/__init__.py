@@ -12,9 +12,10 @@ one Redis server) under keys that never collide.
 ``redis://host:port/db``   Redis server (extra ``redis``) — replicas anywhere
 =========================  ==================================================
 
-Query options: SQLite ``max_entries``; Redis ``prefix``, ``ttl``, ``log_max``,
-``timeout``; both ``cache_entries`` and ``retry_after`` (``SharedPrefixStore``). See
-``docs/deploy.md``.
+Query options: SQLite ``max_entries``, ``timeout`` (seconds a call waits for the file's
+locks), ``max_bytes`` (``512MB``, ``2GB``…; 0: no bound) and ``max_age_days`` (0: no
+bound); Redis ``prefix``, ``ttl``, ``log_max``, ``timeout``; both ``cache_entries`` and
+``retry_after`` (``SharedPrefixStore``). See ``docs/deploy.md``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,26 @@ def default_store_url(state_dir: str | os.PathLike[str] | None = None) -> str:
     return "sqlite:///" + str(folder.absolute() / DEFAULT_STORE_FILE)
 
 _SHARED_OPTIONS = {"cache_entries": int, "retry_after": float, "max_staleness": float}
+_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 1024,
+          "MIB": 1024**2, "GIB": 1024**3, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def _parse_bytes(text: str) -> int:
+    """``512MB``, ``2GiB``, ``1.5G``, ``1000`` as a byte count (``K``/``M``/``G`` alone
+    are binary).
+
+    :raises ValueError: not a size.
+    """
+    raw = text.strip().upper().replace(" ", "")
+    number = raw.rstrip("KMGIB")
+    unit = _UNITS.get(raw[len(number):])
+    if unit is None or not number:
+        raise ValueError(f"not a size: {text!r}")
+    return int(float(number) * unit)
+
+
+_SQLITE_OPTIONS: dict[str, Any] = {"max_entries": int, "timeout": float,
+                                   "max_bytes": _parse_bytes, "max_age_days": float}
 
 
 def store_from_url(url: str) -> PrefixStore:
@@ -90,12 +111,16 @@ def _backend(scheme: str, base: str, query: dict[str, str]) -> Backend:
         from ._sqlite_store import SQLiteBackend
 
         path = base[len("sqlite:///"):] if base.startswith("sqlite:///") else ""
-        unknown = sorted(set(query) - {"max_entries"})
+        unknown = sorted(set(query) - set(_SQLITE_OPTIONS))
         if unknown:
             raise StoreError(f"sqlite store URL: unknown option(s) {unknown}")
         if not path:
             raise StoreError("sqlite store URL: write sqlite:///PATH (sqlite:////abs/path)")
-        return SQLiteBackend(path, max_entries=int(query.get("max_entries", 100_000)))
+        options = {k: _SQLITE_OPTIONS[k](v) for k, v in query.items()}
+        if any(v < 0 for v in options.values()) or options.get("timeout", 1) <= 0:
+            raise StoreError("sqlite store URL: option values must be positive "
+                             "(0 for no bound)")
+        return SQLiteBackend(path, **options)
     if scheme in ("redis", "rediss", "unix"):
         from ._redis_store import RedisBackend
 

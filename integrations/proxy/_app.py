@@ -60,6 +60,7 @@ from agentcompact.plugins import get_plugin_manager, registry
 from ._bodies import BodyCache, Common, Parsed, encode
 from ._config import ProxyConfig
 from ._observe import DebugDumper, ExchangeLog, ProxyStats
+from ._offloop import EngineLoop, does_io
 from ._reassemble import reassemble
 from ._relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
 from ._speculation import Speculation
@@ -236,6 +237,11 @@ class CompactionProxy:
                                                       "archive": self.archive})
         self.config = config
         self.engines = EnginePool(config, self.pm, self.store)
+        #: the engines read and write a file or a server: they never run on the event
+        #: loop (``_offloop``), so a locked or slow store stalls no other session
+        self.store_io = does_io(self.store) or does_io(
+            self.archive if self.archive is not None else config.strategy_options.get("archive"))
+        self.engine_loop = EngineLoop()
         #: recent bodies with their parsed messages: a session's next request only parses
         #: what is new (and keeps the engine's per-message caches hitting, by identity)
         self.bodies = BodyCache(max_entries=config.max_sessions)
@@ -251,11 +257,16 @@ class CompactionProxy:
         self._unchanged: weakref.WeakKeyDictionary[Parsed, tuple[int, int | None, int]] = (
             weakref.WeakKeyDictionary())
         self._speculation = self.engines.speculation
+        #: an engine's measuring of a request sent before it measured, while it runs in a
+        #: worker thread (``_answer``): the session's next request waits for it
+        self._measuring: weakref.WeakKeyDictionary[Engine, asyncio.Future[Any]] = (
+            weakref.WeakKeyDictionary())
 
     # --- lifecycle ----------------------------------------------------------------
     async def aclose(self) -> None:
         """Close the upstream client and the recorder (the app's lifespan calls this)."""
         await self.client.aclose()
+        self.engine_loop.close()
         if self.recorder is not None and self.pm.is_registered(self.recorder):
             self.pm.unregister(self.recorder)
             close = getattr(self.recorder, "close", None)
@@ -345,10 +356,17 @@ class CompactionProxy:
                                                   .messages_key, common)
             if not in_place and new_bytes > _OFFLOOP_BYTES:
                 req = await anyio.to_thread.run_sync(self._parse, dialect, raw, headers, match)
+                await self._measured_before(req)
             else:
                 req = self._parse(dialect, raw, headers, match)
+                await self._measured_before(req)
                 if held is not None and match is not None and not in_place:
-                    self._release_if_bounded(req, held, self._unchanged.get(match[0]))
+                    known = self._unchanged.get(match[0])
+                    if self.store_io:  # reads the store's version: off the loop
+                        await anyio.to_thread.run_sync(self._release_if_bounded, req, held,
+                                                       known)
+                    else:
+                        self._release_if_bounded(req, held, known)
                     if held.released and self.dumper is None and req.engine is not None:
                         # the body is complete upstream and certified unchanged: the
                         # engine measures it once the answer's first chunk is relayed
@@ -363,6 +381,13 @@ class CompactionProxy:
         if self.dumper is not None and out.request is not None:
             self._dump(out, headers)
         return out
+
+    async def _measured_before(self, req: _Request) -> None:
+        """Wait for the session engine's measuring of the previous request, if it runs
+        still (``_answer``): what this request may skip depends on it."""
+        pending = self._measuring.get(req.engine) if req.engine is not None else None
+        if pending is not None and not pending.done():
+            await asyncio.wait({pending})
 
     def _sent_unchanged(self, out: _Outgoing, version: int | None) -> None:
         """Remember a body that went upstream unchanged, with its tokens (a later held
@@ -431,10 +456,19 @@ class CompactionProxy:
         if engine is None:
             return None, None
         if self.engines.is_async:
-            return await engine.acompact(req.messages, fixed_tokens=_fixed(req)), None
-        if len(req.raw) > _OFFLOOP_BYTES and not self.engines.quiet(engine, new_bytes):
+            return await self._acompact(engine, req.messages, fixed_tokens=_fixed(req)), None
+        if self.store_io or (len(req.raw) > _OFFLOOP_BYTES
+                             and not self.engines.quiet(engine, new_bytes)):
             return await anyio.to_thread.run_sync(self._compact, req)
         return self._compact(req)
+
+    async def _acompact(self, engine: Engine, messages: list[Any], **options: Any
+                        ) -> CompactionResult:
+        """``engine.acompact``: on the engine loop when the store does I/O (its calls
+        are sync), else on this loop."""
+        if self.store_io:
+            return await self.engine_loop.run(lambda: engine.acompact(messages, **options))
+        return await engine.acompact(messages, **options)
 
     def _compact(self, req: _Request) -> tuple[CompactionResult, int | None]:
         engine = req.engine
@@ -642,7 +676,7 @@ class CompactionProxy:
         try:
             engine, messages, fixed = req.engine, req.messages, _fixed(req)
             if self.engines.is_async:
-                result = await engine.acompact(messages, force=True, fixed_tokens=fixed)
+                result = await self._acompact(engine, messages, force=True, fixed_tokens=fixed)
             else:
                 result = await anyio.to_thread.run_sync(
                     lambda: engine.compact(messages, force=True, fixed_tokens=fixed))
@@ -669,11 +703,28 @@ class CompactionProxy:
             settled: list[_Outgoing] = []
             later = out.later
 
-            def settle() -> None:
-                settled.append(later())
-                self._record_exchange(settled[0], sent)
+            def done(result: _Outgoing) -> None:
+                settled.append(result)
+                self._record_exchange(result, sent)
 
-            return self._relay(out, resp, settle, settled)
+            if not self.store_io:
+                return self._relay(out, resp, lambda: done(later()), settled)
+            # the engine measures in a worker thread (it reads the store): the exchange
+            # is recorded when it is done, the answer relayed meanwhile
+            measuring: list[asyncio.Future[_Outgoing]] = []
+
+            engine = out.request.engine if out.request is not None else None
+
+            def measure() -> asyncio.Future[_Outgoing]:
+                task = asyncio.ensure_future(anyio.to_thread.run_sync(later))
+                task.add_done_callback(lambda t: None if t.cancelled() or t.exception()
+                                       else done(t.result()))
+                measuring.append(task)
+                if engine is not None:  # the session's next request waits for it
+                    self._measuring[engine] = task
+                return task  # the answer's last bytes wait for it
+
+            return self._relay(out, resp, measure, settled, measuring)
         self._record_exchange(out, sent)
         if isinstance(resp, BufferedResponse):
             return resp
@@ -710,22 +761,30 @@ class CompactionProxy:
             error=out.error, fallback=out.fallback, fail_open=out.fail_open)
 
     def _relay(self, out: _Outgoing, resp: UpstreamResponse,
-               after_first: Callable[[], None] | None = None,
-               settled: list[_Outgoing] | None = None) -> RelayResponse:
+               after_first: Callable[[], Any] | None = None,
+               settled: list[_Outgoing] | None = None,
+               measuring: list[asyncio.Future[_Outgoing]] | None = None) -> RelayResponse:
         """Relay the answer; with ``--record``, keep a copy of it to log the model call
         at its end (``_record``). ``after_first`` runs once the first chunk is relayed,
-        and puts the final ``_Outgoing`` in ``settled``."""
+        and puts the final ``_Outgoing`` in ``settled`` (at once, or once the task it
+        puts in ``measuring`` is done)."""
         kept: list[bytes] | None = (
             [] if self.config.record is not None and resp.status_code < 300 else None)
         self.stats.stream_opened(1)
+
+        def closed(ok: bool) -> None:
+            self.stats.stream_opened(-1)
+            if measuring and not measuring[0].done():
+                measuring[0].add_done_callback(
+                    lambda _: self._record(settled[0] if settled else out, resp, ok, kept))
+                return
+            self._record(settled[0] if settled else out, resp, ok, kept)
+
         return RelayResponse(resp, tee=kept.append if kept is not None else None,
-                             after_first=after_first,
-                             on_close=lambda ok: self._record(settled[0] if settled else out,
-                                                              resp, ok, kept))
+                             after_first=after_first, on_close=closed)
 
     def _record(self, out: _Outgoing, resp: UpstreamResponse, complete: bool,
                 kept: list[bytes] | None) -> None:
-        self.stats.stream_opened(-1)
         req = out.request
         if kept is None or not complete or req is None:
             return

@@ -290,6 +290,36 @@ def test_relay_runs_after_first_once_the_first_chunk_is_sent_and_before_on_close
     if chunks:
         assert events == ["http.response.start", chunks[0], "after_first", chunks[1], b"",
                           ("closed", True)]
-    else:
-        assert events == ["http.response.start", b"", "after_first", ("closed", True)]
+    else:  # no chunk: it runs before the end of the answer
+        assert events == ["http.response.start", "after_first", b"", ("closed", True)]
     assert upstream.closed is True
+
+
+def test_relay_sends_the_last_bytes_once_the_work_after_first_is_done() -> None:
+    """``after_first`` started work elsewhere (the engine measuring in a worker thread):
+    the answer's last bytes wait for it, so a client holding the whole answer finds it
+    done; the first bytes do not."""
+    import asyncio
+
+    from agentcompact.integrations.proxy._relay import RelayResponse
+
+    events: list[object] = []
+
+    async def send(message: dict[str, object]) -> None:
+        events.append(message.get("body", message["type"]))
+
+    async def receive() -> dict[str, str]:
+        await asyncio.sleep(30)
+        return {"type": "http.disconnect"}
+
+    async def work() -> None:
+        await asyncio.sleep(0.05)
+        events.append("work done")
+
+    async def main() -> None:
+        relay = RelayResponse(_Upstream([b"data: 1\n\n", b"data: 2\n\n"]),  # type: ignore[arg-type]
+                              after_first=lambda: asyncio.ensure_future(work()))
+        await relay({"type": "http"}, receive, send)
+
+    asyncio.run(main())
+    assert events == ["http.response.start", b"data: 1\n\n", b"data: 2\n\n", "work done", b""]
