@@ -1,5 +1,6 @@
 """The ``agentcompact`` command: ``demo``, ``plugins``, ``replay``, ``export``, ``proxy``,
-``run`` (a command behind a proxy), ``watch`` (a live view of a proxy), ``mcp``.
+``run`` (a command behind a proxy), ``watch`` (a live view of a proxy), ``mcp``, ``store``
+(the prefix store and archive: ``stats``, ``prune``).
 
 Subcommands that need an extra are listed always; running one without its extra says
 which extra to install.
@@ -32,6 +33,8 @@ _EXTERNAL = {
               "live view of a running proxy's sessions"),
     "mcp": ("agentcompact.integrations._mcp_server", "mcp",
             "serve expand/search_dropped over an archive (MCP, stdio)"),
+    "store": ("agentcompact.stores._cli", None,
+              "show or bound the prefix store and archive (stats, prune)"),
 }
 
 

@@ -64,9 +64,13 @@ def _parse_bytes(text: str) -> int:
     raw = text.strip().upper().replace(" ", "")
     number = raw.rstrip("KMGIB")
     unit = _UNITS.get(raw[len(number):])
-    if unit is None or not number:
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit is None or not value >= 0:
         raise ValueError(f"not a size: {text!r}")
-    return int(float(number) * unit)
+    return int(value * unit)
 
 
 _SQLITE_OPTIONS: dict[str, Any] = {"max_entries": int, "timeout": float,

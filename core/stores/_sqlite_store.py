@@ -122,7 +122,7 @@ class SQLiteBackend:
         self.max_age_days = max_age_days
         self._reader, self._writer = _Connection(), _Connection()
         self._writes = 0
-        self._aged_at = 0.0
+        self._aged_at: float | None = None  # when eviction last applied the age bound
         self._pruning = threading.Lock()  # one eviction at a time
 
     # --- connections ----------------------------------------------------------------
@@ -310,6 +310,7 @@ class SQLiteBackend:
         if vacuum:
             with self._using(self._writer) as db:
                 db.execute("VACUUM")
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # into the file, WAL emptied
         return removed
 
     def _wrote(self) -> None:
@@ -318,7 +319,8 @@ class SQLiteBackend:
         self._writes += 1
         if self._writes % _CHECK_EVERY or not (self.max_bytes or self.max_age_days):
             return
-        aged = self.max_age_days and time.monotonic() - self._aged_at > _AGE_CHECK_S
+        aged = self.max_age_days and (self._aged_at is None
+                                      or time.monotonic() - self._aged_at > _AGE_CHECK_S)
         if not aged:
             try:
                 with self._using(self._reader) as db:
@@ -356,20 +358,27 @@ class SQLiteBackend:
                     removed[table] += n
         while max_bytes:
             with self._using(self._reader) as db:
-                oldest = None if _live_bytes(db) <= max_bytes * _LOW_WATER else _oldest_table(db)
-            deleted = self._delete_batch(oldest, None) if oldest is not None else 0
-            if oldest is None or not deleted:
+                live = _live_bytes(db)
+                excess = live - int(max_bytes * _LOW_WATER)
+                oldest = _oldest_table(db) if excess > 0 else None
+                # about the rows holding ``excess`` bytes, at an average row's size
+                rows = sum(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _USED)
+            if oldest is None:
+                break
+            batch = min(_BATCH, max(1, -(-excess * rows // max(live, 1))))
+            deleted = self._delete_batch(oldest, None, batch)
+            if not deleted:
                 break
             removed[oldest] += deleted
         return removed
 
-    def _delete_batch(self, table: str, older_than: int | None) -> int:
-        """Delete up to ``_BATCH`` of ``table``'s least recently used rows (only those
+    def _delete_batch(self, table: str, older_than: int | None, limit: int = _BATCH) -> int:
+        """Delete up to ``limit`` of ``table``'s least recently used rows (only those
         used before ``older_than`` when given); the count deleted."""
         where = "" if older_than is None else f"WHERE used < {int(older_than)}"
         with self._transaction() as db:
             cursor = db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM "
-                                f"{table} {where} ORDER BY used LIMIT {_BATCH})")
+                                f"{table} {where} ORDER BY used, rowid LIMIT {int(limit)})")
             return max(0, cursor.rowcount)
 
     def describe(self) -> str:
