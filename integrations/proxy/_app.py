@@ -61,7 +61,8 @@ from ._bodies import BodyCache, Common, Parsed, encode
 from ._config import ProxyConfig
 from ._observe import DebugDumper, ExchangeLog, ProxyStats
 from ._offloop import EngineLoop, does_io
-from ._reassemble import reassemble
+from ._reassemble import Reassembled
+from ._recording import Recording, RecordingThread
 from ._relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
 from ._speculation import Speculation
 from ._upstream import (
@@ -248,6 +249,8 @@ class CompactionProxy:
         self.stats = ProxyStats(config.max_sessions)
         self.dumper = DebugDumper(config.debug_dir) if config.debug_dir else None
         self.recorder = _register_recorder(self.pm, config.record) if config.record else None
+        #: where ``--record`` decodes, reassembles and logs each answer (off the loop)
+        self.recording = RecordingThread() if config.record else None
         self.client = UpstreamClient(config.connect_timeout, config.read_timeout)
         #: a dialect request declaring a body this large or larger is started upstream
         #: while its body arrives (``None``: never; see ``_hold``)
@@ -267,6 +270,8 @@ class CompactionProxy:
         """Close the upstream client and the recorder (the app's lifespan calls this)."""
         await self.client.aclose()
         self.engine_loop.close()
+        if self.recording is not None:
+            await anyio.to_thread.run_sync(self.recording.close)  # what is recorded yet
         if self.recorder is not None and self.pm.is_registered(self.recorder):
             self.pm.unregister(self.recorder)
             close = getattr(self.recorder, "close", None)
@@ -768,28 +773,42 @@ class CompactionProxy:
         at its end (``_record``). ``after_first`` runs once the first chunk is relayed,
         and puts the final ``_Outgoing`` in ``settled`` (at once, or once the task it
         puts in ``measuring`` is done)."""
-        kept: list[bytes] | None = (
-            [] if self.config.record is not None and resp.status_code < 300 else None)
+        recording = self._recording(out, resp)
         self.stats.stream_opened(1)
 
         def closed(ok: bool) -> None:
             self.stats.stream_opened(-1)
             if measuring and not measuring[0].done():
                 measuring[0].add_done_callback(
-                    lambda _: self._record(settled[0] if settled else out, resp, ok, kept))
+                    lambda _: self._record(settled[0] if settled else out, ok, recording))
                 return
-            self._record(settled[0] if settled else out, resp, ok, kept)
+            self._record(settled[0] if settled else out, ok, recording)
 
-        return RelayResponse(resp, tee=kept.append if kept is not None else None,
+        return RelayResponse(resp, tee=recording.feed if recording is not None else None,
                              after_first=after_first, on_close=closed)
 
-    def _record(self, out: _Outgoing, resp: UpstreamResponse, complete: bool,
-                kept: list[bytes] | None) -> None:
-        req = out.request
-        if kept is None or not complete or req is None:
+    def _recording(self, out: _Outgoing, resp: UpstreamResponse) -> Recording | None:
+        """With ``--record``, the recording of a successful answer, else ``None``."""
+        if self.recording is None or resp.status_code >= 300:
+            return None
+        session = out.request.session if out.request is not None else None
+        return Recording(self.recording, out.dialect,
+                         streamed="text/event-stream" in resp.headers.get("content-type", ""),
+                         content_encoding=resp.headers.get("content-encoding"),
+                         describe=f"the {out.dialect} answer to {out.path} (session {session})")
+
+    def _record(self, out: _Outgoing, complete: bool, recording: Recording | None) -> None:
+        """Log the model call once its answer is reassembled (in the recording thread)."""
+        if recording is None:
             return
-        streamed = "text/event-stream" in resp.headers.get("content-type", "")
-        got = reassemble(out.dialect, b"".join(kept), streamed=streamed)
+        if not complete or out.request is None:
+            recording.discard()
+            return
+        recording.finish(functools.partial(self._log_call, out))
+
+    def _log_call(self, out: _Outgoing, got: Reassembled) -> None:
+        req = out.request
+        assert req is not None
         dialect = self.engines.dialects[out.dialect]
         request = {k: v for k, v in req.body.items() if k != dialect.messages_key}
         model = got.model or req.body.get("model")

@@ -137,6 +137,22 @@ def test_sse_parsing_and_truncated_stream() -> None:
     assert not got.complete and got.model == "m"
 
 
+def test_sse_reader_reads_the_same_events_however_the_bytes_are_split() -> None:
+    from agentcompact.integrations.proxy._reassemble import SSEReader
+
+    data = (b"event: a\r\ndata: {\"x\": 1}\r\n\r\n: comment\n\ndata: one\ndata: two\n\n"
+            b"data:tight\r\rdata: [DONE]\n\ndata: last, no blank line")
+    whole = SSEReader()
+    expected = whole.feed(data) + whole.close()
+    assert expected == [b'{"x": 1}', b"one\ntwo", b"tight", b"[DONE]", b"last, no blank line"]
+    for cut in range(len(data) + 1):
+        reader = SSEReader()
+        assert reader.feed(data[:cut]) + reader.feed(data[cut:]) + reader.close() == expected
+    reader = SSEReader()
+    assert [e for i in range(len(data)) for e in reader.feed(data[i:i + 1])] + reader.close() \
+        == expected
+
+
 def test_create_app_is_a_starlette_app_with_the_proxy_routes() -> None:
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
