@@ -27,6 +27,7 @@ needs no copy of the whole stream (``agentcompact.integrations.proxy._recording`
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,7 +176,7 @@ def reassemble(dialect: str, data: bytes, *, streamed: bool) -> Reassembled:
 
 #: events parsed by one ``orjson`` call: a few hundred, so that few parsed events are
 #: alive at once (a whole stream's would keep the garbage collector busy)
-_PARSE_BATCH = 256
+_PARSE_BATCH = 64
 
 
 def reassemble_events(dialect: str, events: Iterable[Any]) -> Reassembled:
@@ -235,7 +236,7 @@ class Reassembler:
         if isinstance(event, dict):
             try:
                 self._add(event)
-            except (KeyError, TypeError, ValueError, AttributeError):
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
                 pass  # a malformed event: skipped, as unknown events are
 
     def _add(self, event: dict[str, Any]) -> None:
@@ -323,14 +324,16 @@ _TEXT_DELTAS = {"text_delta": "text", "thinking_delta": "thinking",
 class _ChatStream(Reassembler):
     def __init__(self) -> None:
         super().__init__()
-        #: the message's growing fields (content, reasoning, refusal), as pieces
-        self.texts: dict[str, list[str]] = {}
+        #: the message's growing fields (content, reasoning, refusal)
+        self.texts: dict[str, _Text] = {}
         #: per tool call index: its id, and its name's and arguments' pieces
         self.calls: dict[int, tuple[list[str], list[str], list[str]]] = {}
-        #: the sampled tokens the chunks report (``Reassembled``'s fields at the end)
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.token_bytes: list[bytes] = []
+        #: the sampled tokens the chunks report (``Reassembled``'s fields at the end), as
+        #: arrays: no object per token (a 150 MB answer holds 450k of them)
+        self.ids = array("q")
+        self.logprobs = array("d")
+        self.token_bytes = bytearray()
+        self.token_ends = array("Q")
         self.saw_ids = self.saw_logprobs = False
 
     def _add(self, ev: dict[str, Any]) -> None:
@@ -346,7 +349,9 @@ class _ChatStream(Reassembler):
             self.saw_ids = True
         if scored is not None:
             self.logprobs.extend(scored[0])
-            self.token_bytes.extend(map(bytes, scored[2]))  # untracked by the GC
+            for piece in scored[2]:
+                self.token_bytes += bytes(piece)
+                self.token_ends.append(len(self.token_bytes))
             self.saw_logprobs = True
         for choice in ev.get("choices") or ():
             if choice.get("index", 0) != 0:
@@ -357,7 +362,10 @@ class _ChatStream(Reassembler):
                 if key in _CHAT_TEXTS:
                     if not isinstance(piece, str):
                         raise TypeError(key)
-                    self.texts.setdefault(key, []).append(piece)
+                    text = self.texts.get(key)
+                    if text is None:
+                        text = self.texts[key] = _Text()
+                    text.add(piece)
                 elif key == "tool_calls":
                     for frag in piece:
                         self._tool_fragment(frag)
@@ -380,7 +388,7 @@ class _ChatStream(Reassembler):
         message: dict[str, Any] = {"role": "assistant", "content": None}
         for key in _CHAT_TEXTS:
             if key in self.texts:
-                message[key] = "".join(self.texts[key])
+                message[key] = self.texts[key].text()
         if self.calls:
             message["tool_calls"] = [
                 {"id": ids[-1] if ids else "", "type": "function",
@@ -388,14 +396,39 @@ class _ChatStream(Reassembler):
                 for ids, names, arguments in (self.calls[i] for i in sorted(self.calls))]
         out = self.out
         out.response = [message]
-        out.token_ids = list(self.ids) if self.saw_ids else None
+        out.token_ids = self.ids.tolist() if self.saw_ids else None
         if self.saw_logprobs:
-            out.logprobs = list(self.logprobs)
-            out.token_bytes = [list(piece) for piece in self.token_bytes]
+            out.logprobs = self.logprobs.tolist()
+            # bytes stand in for ids only: a stream with ids has no use for them
+            blob, ends = self.token_bytes, self.token_ends
+            out.token_bytes = None if self.saw_ids else [
+                list(blob[start:end]) for start, end in zip((0, *ends), ends)]
         return out
 
 
 _CHAT_TEXTS = ("content", "reasoning_content", "reasoning", "refusal")
+_JOIN_EVERY = 1024
+
+
+class _Text:
+    """A text growing by pieces: every ``_JOIN_EVERY`` pieces are joined into one chunk
+    (few objects for a long answer; each character is copied twice, linear)."""
+
+    __slots__ = ("chunks", "small")
+
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+        self.small: list[str] = []
+
+    def add(self, piece: str) -> None:
+        self.small.append(piece)
+        if len(self.small) >= _JOIN_EVERY:
+            self.chunks.append("".join(self.small))
+            self.small = []
+
+    def text(self) -> str:
+        return "".join(self.chunks + self.small)
+
 
 
 class _ResponsesStream(Reassembler):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -286,7 +285,6 @@ class Recording:
             for event in events:
                 add(event)
             self._seen += len(events)
-            time.sleep(0)  # the GIL to the event loop between batches, not every 5 ms
 
     def _finish(self, log_call: Callable[[Reassembled], None]) -> None:
         try:
