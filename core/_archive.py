@@ -160,7 +160,10 @@ class SharedArchive:
 
     def put_many(self, items: Iterable[ArchivedItem]) -> None:
         batch: dict[str, ArchivedItem] = {}
+        written = self._written
         for item in items:
+            if type(item) is ArchivedItem and item.handle in written:
+                continue  # checked and stored already (a compaction puts every cycle's)
             _check_item(item)
             batch.setdefault(item.handle, item)
         if self._pending:

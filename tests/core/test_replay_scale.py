@@ -42,3 +42,32 @@ def test_a_replay_renders_each_item_about_once_past_the_caches_first_bounds(
     same = replay(cliff.CliffStrategy(), messages)  # the caches change nothing
     assert same.messages == result.messages
     assert [e.dropped for e in same.events] == [e.dropped for e in result.events]
+
+
+class CountingCounter:
+    """A real counter (chars/4) that counts the texts it is given."""
+
+    name = "chars/4"
+    at_most_utf8_bytes = True
+
+    def __init__(self) -> None:
+        self.texts = 0
+
+    def count_texts(self, texts: list[str]) -> list[int]:
+        self.texts += len(texts)
+        return [(len(t) + 3) // 4 for t in texts]
+
+
+def test_the_token_meter_keeps_a_history_longer_than_its_first_bound() -> None:
+    """The proxy's per-session meters started at 8,192 messages: a history longer than
+    that evicted its own first messages and counted them again at every compaction."""
+    from agentcompact import get_dialect
+    from agentcompact._tokens import MessageMeter
+
+    counter = CountingCounter()
+    meter = MessageMeter(counter, get_dialect("anthropic"), max_entries=64)
+    messages = anthropic_history(100, result_tokens=20)
+    first = meter.measure(messages).tokens
+    assert counter.texts == len(messages)
+    assert meter.measure(messages).tokens == first
+    assert counter.texts == len(messages)  # nothing counted again
