@@ -8,7 +8,16 @@ three protocols (Anthropic Messages, OpenAI Chat, OpenAI Responses) and grow one
 request, so the proxy also compacts while streaming. Prints totals; exit status 1 on any
 error or mismatch.
 
+``--requests N`` stops after N requests; ``--idle S`` has each session pause about S
+seconds after every tenth request, so pooled client connections sit idle around a
+keep-alive limit (httpx, the client here, drops its idle connections after 5 s; a server
+closing them at the same moment loses the POSTs sent on them). A POST that fails on the
+way (``lost``) is counted and the session goes on. ``--compare-keep-alive S`` runs the
+soak twice in one run: the proxy keeping idle connections S seconds (uvicorn's default,
+5), then with its own default.
+
     TIKTOKEN_CACHE_DIR=... python benchmarks/proxy_soak.py [--seconds 120] [--sessions 32]
+    python benchmarks/proxy_soak.py --requests 6400 --idle 5 --compare-keep-alive 5
 """
 
 from __future__ import annotations
@@ -16,9 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +54,10 @@ class Totals:
     requests: int = 0
     chunks: int = 0
     compacted_sends: int = 0
+    lost: int = 0  # POSTs that failed on the way (a connection closed under them)
     errors: list[str] = field(default_factory=list)
+    limit: int | None = None  # requests to send in all
+    idle: float = 0.0
 
 
 def free_port() -> int:
@@ -52,9 +66,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_STATE = tempfile.TemporaryDirectory(prefix="agentcompact-soak-")
+
+
 def spawn(args: list[str], port: int) -> subprocess.Popen[bytes]:
+    # the proxy's default store in a folder of this run: never ~/.agentcompact, whose
+    # prefixes from another run (or another checkout) would apply to these sessions
+    env = {**os.environ, "AGENTCOMPACT_STATE_DIR": tempfile.mkdtemp(dir=_STATE.name)}
     proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -100,7 +120,11 @@ async def session(client: httpx.AsyncClient, index: int, until: float, totals: T
     path = PATHS[index % len(PATHS)]
     history: list[Any] = []
     turn = 0
-    while time.monotonic() < until:
+    pauses = random.Random(index)
+    while time.monotonic() < until and (totals.limit is None
+                                        or totals.requests + totals.lost < totals.limit):
+        if totals.idle and turn and turn % 10 == 0:
+            await asyncio.sleep(pauses.uniform(totals.idle - 0.3, totals.idle + 0.3))
         numbers = "".join(f"{(index * 100_000 + turn * 100 + i) % 10**8:08d}" for i in range(40))
         body = request(path, history, numbers)
         try:
@@ -109,6 +133,10 @@ async def session(client: httpx.AsyncClient, index: int, until: float, totals: T
                                               "x-session-id": f"soak-{index}"}) as r:
                 data = b"".join([chunk async for chunk in r.aiter_raw()])
                 status = r.status_code
+        except httpx.TransportError as exc:
+            totals.lost += 1
+            totals.errors.append(f"session {index} turn {turn}: lost: {exc!r}")
+            continue
         except httpx.HTTPError as exc:
             totals.errors.append(f"session {index} turn {turn}: {exc!r}")
             return
@@ -136,8 +164,9 @@ def _turn(path: str, numbers: str, turn: int) -> list[Any]:
             {"role": "assistant", "content": f"echo {turn} {pad}"}]
 
 
-async def soak(base_url: str, sessions: int, seconds: float) -> Totals:
-    totals = Totals()
+async def soak(base_url: str, sessions: int, seconds: float, limit: int | None = None,
+               idle: float = 0.0) -> Totals:
+    totals = Totals(limit=limit, idle=idle)
     until = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
     async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits) as client:
@@ -153,32 +182,53 @@ def main(argv: list[str] | None = None) -> int:
                         help="upstream decode rate, tokens/s per stream")
     parser.add_argument("--trigger", type=int, default=8000,
                         help="proxy trigger in tokens (small, so sessions get compacted)")
+    parser.add_argument("--requests", type=int, help="stop after this many requests")
+    parser.add_argument("--idle", type=float, default=0.0,
+                        help="seconds each session pauses after every tenth request")
+    parser.add_argument("--compare-keep-alive", type=float, metavar="SECONDS",
+                        help="first run the proxy with --keep-alive SECONDS, then its default")
     args = parser.parse_args(argv)
+    if args.requests and args.seconds == 120.0:
+        args.seconds = 3600.0  # the request count ends the run
+    failed = False
+    runs = [None] if args.compare_keep_alive is None else [args.compare_keep_alive, None]
+    for keep_alive in runs:
+        failed |= run(args, keep_alive)
+    return 1 if failed else 0
+
+
+def run(args: argparse.Namespace, keep_alive: float | None) -> bool:
+    """One soak against a fresh proxy; True when it failed."""
     sim_port, proxy_port = free_port(), free_port()
     sim = spawn(["agentcompact.testing", "--port", str(sim_port),
                  "--decode", str(args.decode)], sim_port)
     upstream = f"http://127.0.0.1:{sim_port}"
+    extra = [] if keep_alive is None else ["--keep-alive", str(keep_alive)]
     proxy = spawn(["agentcompact.integrations.proxy", "--port", str(proxy_port), "--quiet",
                    "--trigger", str(args.trigger), "--anthropic-upstream", upstream,
-                   "--openai-upstream", upstream], proxy_port)
+                   "--openai-upstream", upstream, *extra], proxy_port)
     try:
         t0 = time.monotonic()
-        totals = asyncio.run(soak(f"http://127.0.0.1:{proxy_port}", args.sessions, args.seconds))
+        totals = asyncio.run(soak(f"http://127.0.0.1:{proxy_port}", args.sessions,
+                                  args.seconds, args.requests, args.idle))
         elapsed = time.monotonic() - t0
         status = httpx.get(f"http://127.0.0.1:{proxy_port}/agentcompact/status").json()
     finally:
         for proc in (proxy, sim):
             proc.terminate()
             proc.wait(10)
-    print(f"{args.sessions} sessions x {elapsed:.0f} s: {totals.requests} streamed requests, "
-          f"{totals.chunks} deltas checked in order, {len(totals.errors)} errors; proxy: "
-          f"{status['compactions']} compactions, {status['tokens_saved']} tokens saved, "
-          f"{status['fail_open']} fail-open, {status['open_streams']} streams open at the end; "
-          f"held {status['held']['sent']} sent ({status['held']['sent_early']} before "
-          f"measuring), {status['held']['dropped']} dropped")
+    setting = "default" if keep_alive is None else f"{keep_alive:g} s"
+    print(f"{args.sessions} sessions x {elapsed:.0f} s (keep-alive {setting}, idle "
+          f"{args.idle:g} s): {totals.requests} streamed requests, {totals.lost} POSTs lost, "
+          f"{totals.chunks} deltas checked in order, {len(totals.errors) - totals.lost} other "
+          f"errors; proxy: {status['compactions']} compactions, {status['tokens_saved']} "
+          f"tokens saved, {status['fail_open']} fail-open, {status['open_streams']} streams "
+          f"open at the end; held {status['held']['sent']} sent "
+          f"({status['held']['sent_early']} before measuring), {status['held']['dropped']} "
+          f"dropped")
     for error in totals.errors[:10]:
         print("  error:", error)
-    return 1 if totals.errors or status["open_streams"] else 0
+    return bool(totals.errors or status["open_streams"])
 
 
 if __name__ == "__main__":

@@ -259,24 +259,29 @@ class SharedArchive:
 
     def put_many(self, items: Iterable[ArchivedItem], scope: str = "") -> None:
         batch: dict[str, ArchivedItem] = {}
+        written = self._written
         for item in items:
+            if type(item) is ArchivedItem and _scoped(scope, item.handle) in written:
+                continue  # checked and stored already (a compaction puts every cycle's)
             _check_item(item)
             batch.setdefault(_scoped(scope, item.handle), item)
-        with self._lock:
-            if self._pending:
-                self._write_back()
+        if self._pending:
+            self._write_back()
+        with self._lock:  # local state only: no lock is held during a backend call
             new = [(k, it) for k, it in batch.items()
                    if k not in self._written and k not in self._pending]
             for key, item in new:
                 self._remember(key, item)
-            if not new:
-                return
-            if self._guard.call("archive_put", [_row(it) for _, it in new], scope) is FAILED:
+        if not new:
+            return
+        if self._guard.call("archive_put", [_row(it) for _, it in new], scope) is FAILED:
+            with self._lock:
                 for key, item in new:
                     self._pending[key] = (scope, item)
                 while len(self._pending) > _MAX_PENDING:
                     self._pending.popitem(last=False)
-                return
+            return
+        with self._lock:
             self._stats["written"] += len(new)
             self._mark_written(k for k, _ in new)
 
@@ -285,15 +290,18 @@ class SharedArchive:
         with self._lock:
             waiting = self._pending.get(key)
             hit = self._recent.get(key) or (waiting[1] if waiting else None)
-            if hit is not None:
-                return hit
-            row = self._guard.call("archive_get", handle, scope)
-            if row is FAILED or row is None:
-                return None
+        if hit is not None:
+            return hit
+        row = self._guard.call("archive_get", handle, scope)
+        if row is FAILED or row is None:
+            return None
+        item = ArchivedItem(*row)
+        with self._lock:
             self._stats["fetched"] += 1
-            item = ArchivedItem(*row)
             self._remember(key, item)
-            return item
+        if hasattr(self.backend, "archive_touch"):  # expanded: evicted last
+            self._guard.call("archive_touch", [handle], scope)
+        return item
 
     def search(self, query: str, limit: int = 10, scope: str = "") -> list[ArchivedItem]:
         if not query:
@@ -303,8 +311,9 @@ class SharedArchive:
         with self._lock:
             found = [it for s, it in reversed(self._pending.values())
                      if s == scope and needle in it.text.casefold()]
-            rows = self._guard.call("archive_search", query, limit, scope)
-            if rows is FAILED:  # what this process holds
+        rows = self._guard.call("archive_search", query, limit, scope)
+        if rows is FAILED:  # what this process holds
+            with self._lock:
                 rows = [_row(it) for k, it in reversed(self._recent.items())
                         if k == _scoped(scope, it.handle) and needle in it.text.casefold()]
         seen = {it.handle for it in found}
@@ -313,22 +322,22 @@ class SharedArchive:
 
     def count(self, scope: str = "") -> int:
         """Items stored in ``scope`` (what this process holds while the backend is away)."""
+        count = self._guard.call("archive_count", scope)
         with self._lock:
-            count = self._guard.call("archive_count", scope)
             pending = sum(1 for s, _ in self._pending.values() if s == scope)
             if count is FAILED:
                 count = sum(1 for k, it in self._recent.items()
                             if k == _scoped(scope, it.handle))
-            return int(pending + count)
+        return int(pending + count)
 
     def __len__(self) -> int:
         return self.count()
 
     def status(self) -> dict[str, Any]:
-        """Counters for a status page: backend, availability, failures, writes."""
-        with self._lock:
-            return {**self._guard.status(), "cached": len(self._recent),
-                    "pending_write_back": len(self._pending), **self._stats}
+        """Counters for a status page: backend, state, failures, writes (read without
+        the lock: a status page never waits for a backend call)."""
+        return {**self._guard.status(), "cached": len(self._recent),
+                "pending_write_back": len(self._pending), **self._stats}
 
     def close(self) -> None:
         """Close the backend's connection (``open_archive`` opens a new archive for this
@@ -340,17 +349,21 @@ class SharedArchive:
         self.backend.close()
 
     def _write_back(self) -> None:
+        with self._lock:
+            waiting = list(self._pending.items())
         by_scope: dict[str, list[tuple[str, ArchivedItem]]] = {}
-        for key, (scope, item) in self._pending.items():
+        for key, (scope, item) in waiting:
             by_scope.setdefault(scope, []).append((key, item))
-        for scope, waiting in by_scope.items():
-            rows = [_row(it) for _, it in waiting]
-            if self._guard.call("archive_put", rows, scope) is FAILED:
+        for scope, items in by_scope.items():
+            if self._guard.call("archive_put", [_row(it) for _, it in items], scope) is FAILED:
                 return
-            for key, _ in waiting:
-                del self._pending[key]
-            self._stats["written_back"] += len(waiting)
-            self._mark_written(k for k, _ in waiting)
+            with self._lock:
+                for key, item in items:
+                    entry = self._pending.get(key)
+                    if entry is not None and entry[1] is item:
+                        del self._pending[key]
+                self._stats["written_back"] += len(items)
+                self._mark_written(k for k, _ in items)
 
     def _mark_written(self, keys: Iterable[str]) -> None:
         for key in keys:

@@ -1,6 +1,7 @@
 """The ``agentcompact`` command: ``demo``, ``plugins``, ``replay``, ``export``, ``proxy``,
-``run`` (a command behind a proxy), ``watch`` (a live view of a proxy), ``mcp``, ``rl``
-(``rl demo``: closed-loop RL with compaction).
+``run`` (a command behind a proxy), ``watch`` (a live view of a proxy), ``mcp``, ``store``
+(the prefix store and archive: ``stats``, ``prune``), ``rl`` (``rl demo``: closed-loop RL
+with compaction).
 
 Subcommands that need an extra are listed always; running one without its extra says
 which extra to install. An error is one line naming the problem and the fix; --debug
@@ -39,6 +40,8 @@ _EXTERNAL = {
             "serve expand/search_dropped over an archive (MCP, stdio)"),
     "rl": ("agentcompact.rl._cli", "rl",
            "closed-loop RL with compaction (demo on a CPU)"),
+    "store": ("agentcompact.stores._cli", None,
+              "show or bound the prefix store and archive (stats, prune)"),
 }
 
 

@@ -178,9 +178,11 @@ class Measured:
 class MessageMeter:
     """Digests and sizes of messages, cached by identity and by digest.
 
-    The identity cache holds a reference to each message it saw, so an ``id`` is never
-    reused while cached. Messages are treated as immutable values once measured: a message
-    mutated in place after a call is seen as unchanged until evicted (``clear()`` forgets).
+    ``max_entries`` bounds each cache, and grows to twice the longest list measured (a
+    history is never evicted by its own length). The identity cache holds a reference to
+    each message it saw, so an ``id`` is never reused while cached. Messages are treated
+    as immutable values once measured: a message mutated in place after a call is seen
+    as unchanged until evicted (``clear()`` forgets).
     """
 
     def __init__(self, counter: TokenCounter, dialect: Dialect, max_entries: int = 200_000):
@@ -239,6 +241,11 @@ class MessageMeter:
                 ) -> tuple[list[str], list[int], list[int]]:
         """Digests of ``messages`` (``digests``, when the caller has them), their cached
         counts (``-1`` where none is) and the indices of those without one."""
+        if 2 * len(messages) > self._max:
+            # a history longer than the bound (thousands of turns replayed at once) would
+            # evict its own first messages and count them again at every compaction of
+            # the replay: the bound follows the longest history measured, never shrinks
+            self._max = 2 * len(messages)
         out: list[str] = []
         tokens: list[int] = []
         missing: list[int] = []

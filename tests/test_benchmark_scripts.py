@@ -111,3 +111,28 @@ def test_fidelity_canaries_prints_both_halves() -> None:
                       "family", "length band"):
             assert f"| {table} | agentcompact | + expand | CliffCompaction |" in section
     assert {"path", "command", "number", "error", "decision", "rule", "safety"} <= kinds
+
+
+@pytest.mark.network
+def test_proxy_faults_prints_every_figure() -> None:
+    """``benchmarks/proxy_faults.py`` with small settings: a 3 s lock, a 10 MB answer,
+    400 and 800 turns."""
+    pytest.importorskip("uvicorn")
+    out = run_script("proxy_faults.py", "--hold", "3", "--big-mb", "10", "--turns", "400")
+    assert re.search(r"^store: write lock held 3 s by another process; session A's largest "
+                     r"gap [\d.]+ s before, [\d.]+ s during", out, re.M), out
+    assert "status during: ['degraded']; after: ok, 0 writes pending" in out, out
+    assert re.search(r"^record: per-token CPU time at 64k over 8k tokens: [\d.]+", out, re.M)
+    assert re.search(r"SIGTERM right after a 100 MB answer: the proxy exited in [\d.]+ s, "
+                     r"that answer recorded", out), out
+    assert re.search(r"^history: 800 over 400 turns: [\d.]+x$", out, re.M), out
+
+
+@pytest.mark.network
+def test_proxy_soak_counts_lost_posts_in_both_settings() -> None:
+    pytest.importorskip("httpx")
+    out = run_script("proxy_soak.py", "--requests", "96", "--sessions", "8", "--idle", "0.5",
+                     "--compare-keep-alive", "5")
+    assert re.search(r"keep-alive 5 s, idle 0.5 s\): \d+ streamed requests, 0 POSTs lost", out)
+    assert re.search(r"keep-alive default, idle 0.5 s\): \d+ streamed requests, 0 POSTs lost",
+                     out), out

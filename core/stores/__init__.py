@@ -12,12 +12,13 @@ one Redis server) under keys that never collide.
 ``redis://host:port/db``   Redis server (extra ``redis``) — replicas anywhere
 =========================  ==================================================
 
-Query options: SQLite ``max_entries``; Redis ``prefix``, ``ttl``, ``log_max``,
-``timeout`` and redis-py's own connection options; both ``cache_entries``,
-``retry_after`` and ``max_staleness`` (``SharedPrefixStore``). See ``docs/deploy.md``.
-A URL is checked whole when the store is made (``check_store_url``, every option and its
-range): an unknown option or a value out of range is a ``StoreError`` at start, never a
-failure of each request later.
+Query options: SQLite ``max_entries``, ``timeout`` (seconds a call waits for the file's
+locks), ``max_bytes`` (``512MB``, ``2GB``…; 0: no bound) and ``max_age_days`` (0: no
+bound); Redis ``prefix``, ``ttl``, ``log_max``, ``timeout`` and redis-py's own connection
+options; both ``cache_entries``, ``retry_after`` and ``max_staleness``
+(``SharedPrefixStore``). See ``docs/deploy.md``. A URL is checked whole when the store is
+made (``check_store_url``, every option and its range): an unknown option or a value out
+of range is a ``StoreError`` at start, never a failure of each request later.
 """
 
 from __future__ import annotations
@@ -121,6 +122,35 @@ def _option(scheme: str, name: str, raw: str, kind: type, least: float) -> Any:
     return value
 
 
+_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KIB": 1024,
+          "MIB": 1024**2, "GIB": 1024**3, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+def _parse_bytes(text: str) -> int:
+    """``512MB``, ``2GiB``, ``1.5G``, ``1000`` as a byte count (``K``/``M``/``G`` alone
+    are binary).
+
+    :raises ValueError: not a size.
+    """
+    raw = text.strip().upper().replace(" ", "")
+    number = raw.rstrip("KMGIB")
+    unit = _UNITS.get(raw[len(number):])
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit is None or not value >= 0:
+        raise ValueError(f"not a size: {text!r}")
+    return int(value * unit)
+
+
+#: SQLite URL options: name -> (type, least value); ``max_bytes`` / ``max_age_days`` 0: no
+#: bound
+_SQLITE_OPTIONS: dict[str, tuple[type, float]] = {
+    "max_entries": (int, 1), "timeout": (float, 0.001), "max_bytes": (int, 0),
+    "max_age_days": (float, 0.0)}
+
+
 def store_from_url(url: str) -> PrefixStore:
     """The prefix store a URL names (table in the module docstring).
 
@@ -156,13 +186,22 @@ def _backend(scheme: str, base: str, query: dict[str, str]) -> Backend:
     if scheme == "sqlite":
         from ._sqlite_store import SQLiteBackend
 
-        unknown = sorted(set(query) - {"max_entries"})
+        unknown = sorted(set(query) - set(_SQLITE_OPTIONS))
         if unknown:
             raise StoreError(f"sqlite store URL: unknown option(s) {unknown}; it takes "
-                             "max_entries, cache_entries, retry_after, max_staleness")
-        max_entries = _option(scheme, "max_entries", query.get("max_entries", "100000"), int,
-                             1)
-        return SQLiteBackend(base[len("sqlite:///"):], max_entries=max_entries)
+                             f"{', '.join(sorted(_SQLITE_OPTIONS))}, cache_entries, "
+                             "retry_after, max_staleness")
+        options: dict[str, Any] = {}
+        for name, raw in query.items():
+            kind, least = _SQLITE_OPTIONS[name]
+            if name == "max_bytes":
+                try:
+                    raw = str(_parse_bytes(raw))
+                except ValueError:
+                    raise StoreError("sqlite store URL: option max_bytes must be a size "
+                                     "(512MB, 2GiB, …; 0 for no bound)") from None
+            options[name] = _option(scheme, name, raw, kind, least)
+        return SQLiteBackend(base[len("sqlite:///"):], **options)
     from ._redis_store import RedisBackend
 
     return RedisBackend(base + ("?" + urlencode(query) if query else ""))

@@ -93,7 +93,8 @@ class RedisBackend:
         self.prefix = query.pop("prefix", prefix)
         self.ttl = _option(scheme, "ttl", query.pop("ttl", str(ttl)), int, 0)
         self.log_max = _option(scheme, "log_max", query.pop("log_max", str(log_max)), int, 1)
-        timeout = _option(scheme, "timeout", query.pop("timeout", str(timeout)), float, 0.001)
+        self.timeout = timeout = _option(scheme, "timeout", query.pop("timeout", str(timeout)),
+                                         float, 0.001)
         rest = urlencode(query)
         host = parts.hostname or ""
         netloc = host if parts.port is None else f"{host}:{parts.port}"
@@ -200,6 +201,38 @@ class RedisBackend:
 
     def archive_count(self, scope: str = "") -> int:
         return int(self._redis.llen(self._archive_ns(scope) + "alog"))
+
+    def archive_touch(self, handles: Sequence[str], scope: str = "") -> None:
+        """Expanded originals live ``ttl`` seconds from now (the server's expiry is the
+        bound of a Redis store: least recently used go first)."""
+        if not self.ttl:
+            return
+        namespace = self._archive_ns(scope)
+        with self._redis.pipeline(transaction=False) as pipe:
+            for handle in handles:
+                pipe.expire(namespace + "a:" + handle, self.ttl)
+            pipe.execute()
+
+    # --- bounds -------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """What the namespace holds (the change logs' lengths) and the server's memory
+        and bounds: entries expire after ``ttl`` seconds unused, the server's
+        ``maxmemory-policy`` evicts past ``maxmemory``."""
+        memory = self._redis.info("memory")
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.llen(self._log)
+            pipe.llen(self._alog)
+            prefixes, archived = pipe.execute()
+        return {"where": self._where, "ttl": self.ttl, "log_max": self.log_max,
+                "used_memory": memory.get("used_memory"),
+                "maxmemory": memory.get("maxmemory"),
+                "maxmemory_policy": memory.get("maxmemory_policy"),
+                "prefixes": {"logged": prefixes}, "archive": {"logged": archived}}
+
+    def prune(self, **_bounds: Any) -> dict[str, int]:
+        """Nothing to do here: keys expire on their own (``ttl``) and the server evicts
+        past ``maxmemory``; the change logs are trimmed at every write (``log_max``)."""
+        return {"prefix_entries": 0, "dropped": 0}
 
     def describe(self) -> str:
         return self._where

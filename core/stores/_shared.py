@@ -19,6 +19,16 @@ fails the request: the store warns once, counts it (``status()``), and serves fr
 cache — entries put meanwhile are kept locally and written back when the backend answers
 again (tried at most every ``retry_after`` seconds), so the process stays consistent with
 itself. Keys are opaque strings.
+
+**Deadlines.** Every backend call is bounded (the SQLite backend's ``timeout`` for its
+locks, the Redis client's socket timeout), and a failed call's kind — reads or writes —
+is not tried again for ``retry_after`` seconds by any store of the same backend location
+in this process (the prefix store and the archive of one file share it): a locked or slow
+backend costs one deadline to the call that finds it so, then nothing until the retry.
+Reads go on while only writes fail (another process holding a SQLite file's write lock):
+``status()`` says ``degraded`` then, ``down`` when reads fail too. No lock of the store is
+held during a backend call, so a caller that does not touch the backend (the status page)
+never waits for one that does.
 """
 
 from __future__ import annotations
@@ -41,6 +51,8 @@ ArchiveRow = tuple[str, str, str]
 """(handle, text, skim) of an archived original, as backends store it."""
 
 _MAX_PENDING = 4096  # entries put while the backend was down, written back on recovery
+_DEFAULT_DEADLINE = 1.0  # a backend without a ``timeout``: how long a refresh waits for another
+_WRITES = frozenset({"save", "archive_put", "archive_touch", "prune"})
 
 
 class Backend(Protocol):
@@ -93,7 +105,9 @@ class SharedPrefixStore:
         self._counter: int | None = None  # the backend's counter at the last refresh
         self._synced_at = 0.0
         self._max_staleness = max_staleness
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # local state only: never held during I/O
+        self._refreshing = threading.Lock()
+        self._deadline = float(getattr(backend, "timeout", _DEFAULT_DEADLINE))
         self._version = 0
         self._guard = FailOpen(backend, "prefix store", "compacting locally", retry_after,
                                lambda: len(self._pending))
@@ -119,32 +133,34 @@ class SharedPrefixStore:
                 hit = self._cache.get(key)
                 if hit is not None:
                     return hit
-            raw = self._call("load", key)
-            if raw is FAILED:  # backend down: what this process has
-                return self._cache.get(key)
+        raw = self._call("load", key)  # no lock held: see the module docstring
+        if raw is FAILED:  # backend down: what this process has
+            return self._cache.get(key)
+        entry = decode_entry(raw) if raw is not None else None
+        with self._lock:
             if raw is None:  # gone (evicted, expired): forget it
                 self._known.discard(key)
                 self._stale.discard(key)
                 return None
             self._stats["fetched"] += 1
-            entry = decode_entry(raw)
             if entry is None:
                 self._stats["undecodable"] += 1
                 self._known.discard(key)
                 return None
             self._stale.discard(key)
             self._cache.put(key, entry)
-            return entry
+        return entry
 
     def put(self, key: str, entry: PrefixEntry) -> None:
         data = encode_entry(entry)  # StoreError for a value that is not JSON-able
         with self._lock:
             self._cache.put(key, entry)
             self._stale.discard(key)
-            if key not in self._known:
-                self._known.add(key)
+            self._known.add(key)
             self._version += 1
-            if self._call("save", key, data) is FAILED:
+        saved = self._call("save", key, data) is not FAILED
+        with self._lock:
+            if not saved:
                 self._pending[key] = data
                 self._pending.move_to_end(key)
                 while len(self._pending) > _MAX_PENDING:
@@ -158,21 +174,33 @@ class SharedPrefixStore:
 
     # --- index --------------------------------------------------------------------
     def refresh(self) -> None:
-        """Bring the index up to date with the backend (one call; none while it is down)."""
-        with self._lock:
+        """Bring the index up to date with the backend (one call; none while it is down,
+        or while another thread's refresh has taken longer than the backend's deadline)."""
+        if not self._refreshing.acquire(timeout=self._deadline):
+            return
+        try:
             result = self._call("changes", self._counter)
             if result is FAILED:
                 return
             if self._pending:
                 self._write_back()
             counter, keys = result
-            self._stats["refreshes"] += 1
-            self._synced_at = time.monotonic()
+            full = None
             if keys is None:
                 full = self._call("keys")
                 if full is FAILED:
                     return
                 counter, keys = full
+            self._merge(counter, keys, full is not None)
+        finally:
+            self._refreshing.release()
+
+    def _merge(self, counter: int, keys: list[str], full: bool) -> None:
+        """What a refresh learned, into the index (under the lock: no I/O)."""
+        with self._lock:
+            self._stats["refreshes"] += 1
+            self._synced_at = time.monotonic()
+            if full:
                 self._known = set(keys)
                 self._stale = (set(keys) & set(self._cached)) - self._mine
                 self._version += 1
@@ -184,31 +212,55 @@ class SharedPrefixStore:
             self._counter = counter
 
     def _write_back(self) -> None:
-        while self._pending:
-            key, data = next(iter(self._pending.items()))
+        with self._lock:
+            waiting = list(self._pending.items())
+        for key, data in waiting:
             if self._call("save", key, data) is FAILED:
                 return
-            del self._pending[key]
-            self._stats["written_back"] += 1
+            with self._lock:
+                if self._pending.get(key) is data:
+                    del self._pending[key]
+                self._stats["written_back"] += 1
 
     def _call(self, op: str, *args: Any) -> Any:
         return self._guard.call(op, *args)
 
     def status(self) -> dict[str, Any]:
-        """Counters for a status page: backend, availability, failures, cache."""
-        with self._lock:
-            return {**self._guard.status(), "keys": len(self._known),
-                    "cached": len(self._cache), "pending_write_back": len(self._pending),
-                    **self._stats}
+        """Counters for a status page: backend, state, failures, cache (read without the
+        lock: a status page never waits for a backend call)."""
+        return {**self._guard.status(), "keys": len(self._known),
+                "cached": len(self._cached), "pending_write_back": len(self._pending),
+                **self._stats}
 
     def close(self) -> None:
         self.backend.close()
 
 
+class _Lane:
+    """The health of one kind of call (reads or writes) to one backend location, shared
+    by every store of this process on it: when to try again, and why it failed."""
+
+    __slots__ = ("down_until", "error")
+
+    def __init__(self) -> None:
+        self.down_until = 0.0
+        self.error: str | None = None
+
+
+_lanes: dict[tuple[str, str], _Lane] = {}
+_lanes_lock = threading.Lock()
+
+
+def _lane(where: str, kind: str) -> _Lane:
+    with _lanes_lock:
+        return _lanes.setdefault((where, kind), _Lane())
+
+
 class FailOpen:
     """Calls into a shared backend that never fail their caller: a failure is warned about
-    once (until the backend answers again), counted, and the backend is left alone for
-    ``retry_after`` seconds (an outage costs one timeout per interval, not per call).
+    once (until the backend answers again), counted, and that kind of call (reads or
+    writes) is left alone for ``retry_after`` seconds by every store on the same backend
+    location (an outage costs one timeout per interval, not per call or per store).
 
     :param what: what the backend serves, for the log lines (``prefix store``, ``archive``).
     :param meanwhile: what the caller does without it, for the warning.
@@ -223,40 +275,62 @@ class FailOpen:
         self.failures = self.skipped = 0
         self.last_error: str | None = None
         self._warned = False
-        self._down_until = 0.0
+        where = backend.describe()
+        self._read, self._write = _lane(where, "read"), _lane(where, "write")
 
     def call(self, op: str, *args: Any) -> Any:
         """``backend.<op>(*args)``, or ``FAILED`` when it raised one of the backend's
-        ``errors`` (or was not tried: the backend failed less than ``retry_after`` ago)."""
-        if time.monotonic() < self._down_until:
+        ``errors`` (or was not tried: that kind of call failed less than ``retry_after``
+        ago)."""
+        lane = self._write if op in _WRITES else self._read
+        if time.monotonic() < lane.down_until:
             self.skipped += 1
+            if not self._warned:  # another store of this backend found it failing
+                self._warn(op, (lane.error or "").rpartition(" ")[2] or "failing")
             return FAILED
         try:
             result = getattr(self.backend, op)(*args)
         except self.backend.errors as exc:
-            self._fail(op, exc)
+            self._fail(op, exc, lane)
             return FAILED
-        if self.last_error is not None and self._warned:
-            logger.warning("%s %s answers again; %d writes to write back", self.what,
-                           self.backend.describe(), self._pending())
-            self._warned = False
-        self.last_error = None
+        lane.error = None
+        if lane is self._write:  # a write answered: reads would too
+            self._read.error = None
+        if self.last_error is not None and self._read.error is None and self._write.error is None:
+            if self._warned:
+                logger.warning("%s %s answers again; %d writes to write back", self.what,
+                               self.backend.describe(), self._pending())
+                self._warned = False
+            self.last_error = None
         return result
 
-    def _fail(self, op: str, exc: BaseException) -> None:
+    def _fail(self, op: str, exc: BaseException, lane: _Lane) -> None:
         self.failures += 1
-        self.last_error = f"{op}: {type(exc).__name__}"
-        self._down_until = time.monotonic() + self.retry_after
+        self.last_error = lane.error = f"{op}: {type(exc).__name__}"
+        lane.down_until = time.monotonic() + self.retry_after
+        if lane is self._read:  # reads fail: writes would too (not tried: one deadline)
+            self._write.down_until, self._write.error = lane.down_until, lane.error
         if not self._warned:
-            self._warned = True
-            logger.warning("%s %s failed (%s in %s); %s, retrying every %.0f s", self.what,
-                           self.backend.describe(), type(exc).__name__, op, self.meanwhile,
-                           self.retry_after)
+            self._warn(op, type(exc).__name__)
+
+    def _warn(self, op: str, error: str) -> None:
+        self._warned = True
+        logger.warning("%s %s failed (%s in %s); %s, retrying every %g s", self.what,
+                       self.backend.describe(), error, op, self.meanwhile, self.retry_after)
+
+    def state(self) -> str:
+        """``ok``; ``degraded`` (reads answer, writes fail: kept here and written back);
+        ``down`` (reads fail: this process serves what it has)."""
+        if self._read.error is not None:
+            return "down"
+        return "ok" if self._write.error is None and self.last_error is None else "degraded"
 
     def status(self) -> dict[str, Any]:
-        """Backend, where it is, availability and the failure counters."""
+        """Backend, where it is, its state and the failure counters."""
+        state = self.state()
         return {"backend": self.backend.name, "where": self.backend.describe(),
-                "available": self.last_error is None, "last_error": self.last_error,
+                "available": state == "ok", "state": state,
+                "last_error": self.last_error or self._read.error or self._write.error,
                 "failures": self.failures, "skipped": self.skipped}
 
 

@@ -208,14 +208,17 @@ class CliffStrategy:
 
     def _compact(self, request: CompactionRequest) -> Rendered:
         self._handles_of_now()
+        self._texts.hold(len(request.messages))
         items = _collect(request, self.carry_forward_human, self.carry_forward_calls,
                          self._texts)
         if self._blocks.levels != self.levels:  # entries are by level index
             self._blocks = _BlockCache(self.levels)
+        measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
+        self._texts.hold(len(request.messages), sum(measured))
+        self._blocks.hold(len(items), sum(measured))
         scan = self._scan = _Scan.of(request.dialect, request.messages, self._texts,
                                      self._scan)
         context = _Context.of(request, items, self._texts, self._blocks, scan)
-        measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
         rates = _token_rates(items, measured)
         counter = request.meter.counter
         header_tokens = counter.count_texts([COMPACTION_HEADER])[0] + MESSAGE_OVERHEAD
@@ -671,6 +674,11 @@ class _Scan:
 
 
 _Facts = tuple[str, bool, tuple[Part, ...], tuple[Part, ...]]
+#: the caches' bounds for a history (``hold``): a message's parts each have a handle and
+#: a few truncations (one per cap), and each text is counted once per entry it keys, at
+#: about four characters a token, several times over
+_ENTRIES_PER_MESSAGE = 16
+_CHARS_PER_TOKEN = 32
 
 
 class _TextCache:
@@ -686,6 +694,14 @@ class _TextCache:
         self._lines: dict[str, LineIndex] = {}
         self._parts: dict[int, tuple[Any, Any, _Facts]] = {}
         self._chars = 0
+
+    def hold(self, messages: int, tokens: int = 0) -> None:
+        """Room for a history of ``messages`` messages and ``tokens`` tokens: the bounds
+        grow with the largest history compacted (a history replayed at once, thousands
+        of turns, would otherwise empty the cache at every compaction of the replay and
+        compute everything again each time: quadratic, and worse), never shrink."""
+        self.max_entries = max(self.max_entries, _ENTRIES_PER_MESSAGE * messages)
+        self.max_chars = max(self.max_chars, _CHARS_PER_TOKEN * tokens)
 
     def facts(self, dialect: Any, message: Any) -> _Facts:
         """The message's role, whether it is synthetic, its parts and its tool-call and
@@ -767,6 +783,12 @@ class _BlockCache:
         self.levels, self.max_entries, self.max_chars = levels, max_entries, max_chars
         self._entries: dict[Any, _Entry] = {}
         self._chars = 0
+
+    def hold(self, items: int, tokens: int) -> None:
+        """Room for the renderings of ``items`` items of ``tokens`` tokens (as
+        :meth:`_TextCache.hold`)."""
+        self.max_entries = max(self.max_entries, 2 * items)
+        self.max_chars = max(self.max_chars, _CHARS_PER_TOKEN * tokens)
 
     def entry(self, key: Any, parts: Sequence[Part] = ()) -> _Entry:
         """The entry under ``key``, a new one if absent (``parts``: the item's, counted

@@ -19,7 +19,8 @@ class RunningServer(ThreadedServer):
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
         self.sim: UpstreamSim | None = _sim_of(app)
         super().__init__(app.app if isinstance(app, UpstreamSim) else app, host, port,
-                         lifespan="off", name="upstream-sim", start_timeout_s=5.0)
+                         lifespan="off", name="upstream-sim", start_timeout_s=5.0,
+                         http="h11")
 
     @property
     def requests(self) -> list[RecordedRequest]:

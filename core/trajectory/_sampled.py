@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["SampledTokens", "from_chat_chunks", "from_chat_completion", "from_responses",
-           "token_ids_from_bytes"]
+           "read_chat", "token_ids_from_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +61,28 @@ class SampledTokens:
                 if self.response_token_ids is None else None}
 
 
+# The readers below run once per streamed token (a 64k-token answer: 64k chunks), so
+# their checks are made at C speed: ``set(map(type, ...))`` for "only ints" (a bool is
+# not one), ``bytes(...)`` for "byte values".
+_INT = {int}
+
+
 def _ints(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool)
-                                       for x in value):
+    if isinstance(value, list) and (not value or set(map(type, value)) == _INT):
         return list(value)
     return None
+
+
+def _byte_values(value: Any) -> list[int] | None:
+    """``value`` as a list of byte values (ints in 0..255), else ``None``."""
+    ints = _ints(value)
+    if ints is None:
+        return None
+    try:
+        bytes(ints)
+    except ValueError:
+        return None
+    return ints
 
 
 _Scored = tuple[list[float], list[str], list[list[int]]]
@@ -76,21 +93,28 @@ def _scored(entries: Any) -> _Scored | None:
         return None
     logprobs, tokens, raw = [], [], []
     for e in entries:
-        if not isinstance(e, Mapping) or not isinstance(e.get("logprob"), (int, float)):
+        if type(e) is not dict and not isinstance(e, Mapping):
             return None
-        logprobs.append(float(e["logprob"]))
-        tokens.append(str(e.get("token", "")))
-        given = _ints(e.get("bytes"))
-        raw.append(given if given is not None and all(0 <= b < 256 for b in given)
-                   else list(tokens[-1].encode()))
+        logprob = e.get("logprob")
+        if not isinstance(logprob, (int, float)):
+            return None
+        logprobs.append(float(logprob))
+        token = e.get("token", "")
+        tokens.append(token if type(token) is str else str(token))
+        given = _byte_values(e.get("bytes"))
+        raw.append(given if given is not None else list(tokens[-1].encode()))
     return logprobs, tokens, raw
 
 
 def _choice(body: Mapping[str, Any]) -> Mapping[str, Any]:
     """Choice 0 (by its ``index``: a stream of ``n > 1`` interleaves the choices)."""
     choices = body.get("choices")
+    if type(choices) is list and choices:
+        first = choices[0]  # the usual case: one choice
+        if type(first) is dict and first.get("index", 0) == 0:
+            return first
     for choice in choices if isinstance(choices, list) else ():
-        if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
+        if (type(choice) is dict or isinstance(choice, Mapping)) and choice.get("index", 0) == 0:
             return choice
     return {}
 
@@ -122,19 +146,28 @@ _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 def from_chat_completion(body: Mapping[str, Any]) -> SampledTokens:
     """From a non-streamed ``chat.completion`` body (OpenAI or vLLM), or what one
     ``chat.completion.chunk`` of a stream adds."""
+    prompt, ids, scored = read_chat(body)
+    return SampledTokens(
+        prompt_token_ids=prompt,
+        response_token_ids=ids,
+        response_logprobs=scored[0] if scored else None,
+        logprob_tokens=scored[1] if scored else None,
+        token_bytes=scored[2] if scored else None,
+    )
+
+
+def read_chat(body: Mapping[str, Any]
+              ) -> tuple[list[int] | None, list[int] | None, _Scored | None]:
+    """``from_chat_completion``'s figures as a tuple (prompt ids, response ids, and the
+    logprobs, their tokens and token bytes): what a stream's reassembler reads of each
+    chunk, without building a ``SampledTokens`` per token."""
     choice = _choice(body)
     logprobs = choice.get("logprobs")
     scored = _scored(logprobs.get("content")) if isinstance(logprobs, Mapping) else None
     ids = _response_ids(choice)
     if ids is None and scored and scored[1]:
         ids = _named(scored[1])
-    return SampledTokens(
-        prompt_token_ids=_prompt_ids(body, choice),
-        response_token_ids=ids,
-        response_logprobs=scored[0] if scored else None,
-        logprob_tokens=scored[1] if scored else None,
-        token_bytes=scored[2] if scored else None,
-    )
+    return _prompt_ids(body, choice), ids, scored
 
 
 def from_chat_chunks(chunks: Iterable[Mapping[str, Any]]) -> SampledTokens:

@@ -25,6 +25,7 @@ bytes (fail-open).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import inspect
@@ -60,7 +61,9 @@ from agentcompact.plugins import get_plugin_manager, registry
 from ._bodies import BodyCache, Common, Parsed, encode
 from ._config import ProxyConfig
 from ._observe import DebugDumper, ExchangeLog, ProxyStats
-from ._reassemble import reassemble
+from ._offloop import EngineLoop, does_io
+from ._reassemble import Reassembled
+from ._recording import Recording, RecordingThread
 from ._relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
 from ._speculation import Speculation
 from ._tenancy import Tenancy
@@ -260,6 +263,11 @@ class CompactionProxy:
                                                       "archive": self.archive})
         self.config = config
         self.engines = EnginePool(config, self.pm, self.store)
+        #: the engines read and write a file or a server: they never run on the event
+        #: loop (``_offloop``), so a locked or slow store stalls no other session
+        self.store_io = does_io(self.store) or does_io(
+            self.archive if self.archive is not None else config.strategy_options.get("archive"))
+        self.engine_loop = EngineLoop()
         #: recent bodies with their parsed messages: a session's next request only parses
         #: what is new (and keeps the engine's per-message caches hitting, by identity)
         self.bodies = BodyCache(max_entries=config.max_sessions)
@@ -272,9 +280,13 @@ class CompactionProxy:
 
             self.gateway = RLGateway(gateway, config.trigger, self.pm)
         #: where the recorder listens: the gateway's sinks see the events in order
-        self._recording = self.gateway.sinks if self.gateway is not None else self.pm
-        self.recorder = (_register_recorder(self._recording, config.record) if config.record
+        self._recorder_pm = self.gateway.sinks if self.gateway is not None else self.pm
+        self.recorder = (_register_recorder(self._recorder_pm, config.record) if config.record
                          else None)
+        #: where answers are decoded and reassembled to be logged (``--record``, the RL
+        #: gateway): off the loop, in order
+        self.recording = (RecordingThread() if config.record or self.gateway is not None
+                          else None)
         self.client = UpstreamClient(config.connect_timeout, config.read_timeout)
         #: a dialect request declaring a body this large or larger is started upstream
         #: while its body arrives (``None``: never; see ``_hold``)
@@ -287,15 +299,22 @@ class CompactionProxy:
         if self.gateway is not None:
             self.hold_bytes = None  # its bodies change (token ids asked for): never held
             self.engines.budget_of = self.gateway.budget
+        #: an engine's measuring of a request sent before it measured, while it runs in a
+        #: worker thread (``_answer``): the session's next request waits for it
+        self._measuring: weakref.WeakKeyDictionary[Engine, asyncio.Future[Any]] = (
+            weakref.WeakKeyDictionary())
 
     # --- lifecycle ----------------------------------------------------------------
     async def aclose(self) -> None:
         """Close the upstream client and the recorder (the app's lifespan calls this)."""
         await self.client.aclose()
+        self.engine_loop.close()
+        if self.recording is not None:
+            await anyio.to_thread.run_sync(self.recording.close)  # what is recorded yet
         if self.gateway is not None:
             self.gateway.close()  # the queued events are recorded first
-        if self.recorder is not None and self._recording.is_registered(self.recorder):
-            self._recording.unregister(self.recorder)
+        if self.recorder is not None and self._recorder_pm.is_registered(self.recorder):
+            self._recorder_pm.unregister(self.recorder)
             close = getattr(self.recorder, "close", None)
             if close is not None:
                 close()
@@ -391,10 +410,17 @@ class CompactionProxy:
                                                   .messages_key, common)
             if not in_place and new_bytes > _OFFLOOP_BYTES:
                 req = await anyio.to_thread.run_sync(self._parse, dialect, raw, headers, match)
+                await self._measured_before(req)
             else:
                 req = self._parse(dialect, raw, headers, match)
+                await self._measured_before(req)
                 if held is not None and match is not None and not in_place:
-                    self._release_if_bounded(req, held, self._unchanged.get(match[0]))
+                    known = self._unchanged.get(match[0])
+                    if self.store_io:  # reads the store's version: off the loop
+                        await anyio.to_thread.run_sync(self._release_if_bounded, req, held,
+                                                       known)
+                    else:
+                        self._release_if_bounded(req, held, known)
                     if held.released and self.dumper is None and req.engine is not None:
                         # the body is complete upstream and certified unchanged: the
                         # engine measures it once the answer's first chunk is relayed
@@ -409,6 +435,13 @@ class CompactionProxy:
         if self.dumper is not None and out.request is not None:
             self._dump(out, headers)
         return out
+
+    async def _measured_before(self, req: _Request) -> None:
+        """Wait for the session engine's measuring of the previous request, if it runs
+        still (``_answer``): what this request may skip depends on it."""
+        pending = self._measuring.get(req.engine) if req.engine is not None else None
+        if pending is not None and not pending.done():
+            await asyncio.wait({pending})
 
     def _sent_unchanged(self, out: _Outgoing, version: int | None) -> None:
         """Remember a body that went upstream unchanged, with its tokens (a later held
@@ -480,10 +513,19 @@ class CompactionProxy:
         if engine is None:
             return None, None
         if self.engines.is_async:
-            return await engine.acompact(req.messages, fixed_tokens=_fixed(req)), None
-        if len(req.raw) > _OFFLOOP_BYTES and not self.engines.quiet(engine, new_bytes):
+            return await self._acompact(engine, req.messages, fixed_tokens=_fixed(req)), None
+        if self.store_io or (len(req.raw) > _OFFLOOP_BYTES
+                             and not self.engines.quiet(engine, new_bytes)):
             return await anyio.to_thread.run_sync(self._compact, req)
         return self._compact(req)
+
+    async def _acompact(self, engine: Engine, messages: list[Any], **options: Any
+                        ) -> CompactionResult:
+        """``engine.acompact``: on the engine loop when the store does I/O (its calls
+        are sync), else on this loop."""
+        if self.store_io:
+            return await self.engine_loop.run(lambda: engine.acompact(messages, **options))
+        return await engine.acompact(messages, **options)
 
     def _compact(self, req: _Request) -> tuple[CompactionResult, int | None]:
         engine = req.engine
@@ -691,7 +733,7 @@ class CompactionProxy:
         try:
             engine, messages, fixed = req.engine, req.messages, _fixed(req)
             if self.engines.is_async:
-                result = await engine.acompact(messages, force=True, fixed_tokens=fixed)
+                result = await self._acompact(engine, messages, force=True, fixed_tokens=fixed)
             else:
                 result = await anyio.to_thread.run_sync(
                     lambda: engine.compact(messages, force=True, fixed_tokens=fixed))
@@ -719,11 +761,28 @@ class CompactionProxy:
             settled: list[_Outgoing] = []
             later = out.later
 
-            def settle() -> None:
-                settled.append(later())
-                self._record_exchange(settled[0], sent)
+            def done(result: _Outgoing) -> None:
+                settled.append(result)
+                self._record_exchange(result, sent)
 
-            return self._relay(out, resp, settle, settled)
+            if not self.store_io:
+                return self._relay(out, resp, lambda: done(later()), settled)
+            # the engine measures in a worker thread (it reads the store): the exchange
+            # is recorded when it is done, the answer relayed meanwhile
+            measuring: list[asyncio.Future[_Outgoing]] = []
+
+            engine = out.request.engine if out.request is not None else None
+
+            def measure() -> asyncio.Future[_Outgoing]:
+                task = asyncio.ensure_future(anyio.to_thread.run_sync(later))
+                task.add_done_callback(lambda t: None if t.cancelled() or t.exception()
+                                       else done(t.result()))
+                measuring.append(task)
+                if engine is not None:  # the session's next request waits for it
+                    self._measuring[engine] = task
+                return task  # the answer's last bytes wait for it
+
+            return self._relay(out, resp, measure, settled, measuring)
         self._record_exchange(out, sent)
         if isinstance(resp, BufferedResponse):
             return resp
@@ -760,44 +819,69 @@ class CompactionProxy:
             error=out.error, fallback=out.fallback, fail_open=out.fail_open)
 
     def _relay(self, out: _Outgoing, resp: UpstreamResponse,
-               after_first: Callable[[], None] | None = None,
-               settled: list[_Outgoing] | None = None) -> RelayResponse:
+               after_first: Callable[[], Any] | None = None,
+               settled: list[_Outgoing] | None = None,
+               measuring: list[asyncio.Future[_Outgoing]] | None = None) -> RelayResponse:
         """Relay the answer; with ``--record``, keep a copy of it to log the model call
         at its end (``_record``). ``after_first`` runs once the first chunk is relayed,
-        and puts the final ``_Outgoing`` in ``settled``."""
-        recording = self.config.record is not None or self.gateway is not None
-        kept: list[bytes] | None = [] if recording and resp.status_code < 300 else None
+        and puts the final ``_Outgoing`` in ``settled`` (at once, or once the task it
+        puts in ``measuring`` is done)."""
+        recording = self._recording(out, resp)
         if self.gateway is not None and out.request is not None:
             self.gateway.opened(out.request.session)
         self.stats.stream_opened(1)
-        return RelayResponse(resp, tee=kept.append if kept is not None else None,
-                             after_first=after_first,
-                             on_close=lambda ok: self._record(settled[0] if settled else out,
-                                                              resp, ok, kept))
 
-    def _record(self, out: _Outgoing, resp: UpstreamResponse, complete: bool,
-                kept: list[bytes] | None) -> None:
-        self.stats.stream_opened(-1)
+        def closed(ok: bool) -> None:
+            self.stats.stream_opened(-1)
+            if measuring and not measuring[0].done():
+                measuring[0].add_done_callback(
+                    lambda _: self._record(settled[0] if settled else out, ok, recording))
+                return
+            self._record(settled[0] if settled else out, ok, recording)
+
+        return RelayResponse(resp, tee=recording.feed if recording is not None else None,
+                             after_first=after_first, on_close=closed)
+
+    def _recording(self, out: _Outgoing, resp: UpstreamResponse) -> Recording | None:
+        """With ``--record`` or the RL gateway, the recording of a successful answer."""
+        if self.recording is None or resp.status_code >= 300:
+            return None
+        session = out.request.session if out.request is not None else None
+        return Recording(self.recording, out.dialect,
+                         streamed="text/event-stream" in resp.headers.get("content-type", ""),
+                         content_encoding=resp.headers.get("content-encoding"),
+                         describe=f"the {out.dialect} answer to {out.path} (session {session})")
+
+    def _record(self, out: _Outgoing, complete: bool, recording: Recording | None) -> None:
+        """Log the model call once its answer is reassembled (in the recording thread)."""
         req = out.request
-        if kept is None or not complete or req is None:
+        if recording is None or not complete or req is None:
+            if recording is not None:
+                recording.discard()
             if self.gateway is not None and req is not None:
                 self.gateway.closed(req.session)
             return
-        streamed = "text/event-stream" in resp.headers.get("content-type", "")
         if self.gateway is None:
-            self._log_call(out, req, kept, streamed, {})
+            recording.finish(functools.partial(self._log_call, out, {}))
             return
-        # the RL gateway: rebuilt and reported on its worker (a 32k-token prompt's ids are
-        # parsed there, not on the event loop), in order with the compactions it queued
+        # the RL gateway: reported on its worker in the order the answers ended, with the
+        # compactions it queued; the answer is reassembled in the recording thread meanwhile
         fields = self.gateway.call_fields(req.session)
-        self.gateway.submit(functools.partial(self._log_call, out, req, kept, streamed,
-                                              fields))
+        got: concurrent.futures.Future[Reassembled | None] = concurrent.futures.Future()
+        recording.finish(got.set_result, unread=lambda: got.set_result(None))
+        self.gateway.submit(lambda: self._log_read_call(out, fields, got))
         self.gateway.recorded(req.session)
 
-    def _log_call(self, out: _Outgoing, req: _Request, kept: list[bytes], streamed: bool,
-                  fields: dict[str, Any]) -> None:
+    def _log_read_call(self, out: _Outgoing, fields: dict[str, Any],
+                       got: concurrent.futures.Future[Reassembled | None]) -> None:
+        answer = got.result()
+        if answer is not None:  # unreadable: the recording thread warned
+            self._log_call(out, fields, answer)
+
+    def _log_call(self, out: _Outgoing, fields: dict[str, Any], got: Reassembled) -> None:
         """Report the model call of a relayed answer (``--record``, the RL gateway)."""
-        got = reassemble(out.dialect, b"".join(kept), streamed=streamed)
+        req = out.request
+        assert req is not None
         dialect = self.engines.dialects[out.dialect]
         request = {k: v for k, v in req.body.items() if k != dialect.messages_key}
         model = got.model or req.body.get("model")
@@ -901,6 +985,9 @@ class ProxyApp(Starlette):
         self.state.proxy = proxy
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not _origin_form(scope):
+            await _NOT_ORIGIN_FORM(scope, receive, send)
+            return
         gateway = self.proxy.gateway
         if gateway is not None and scope["type"] == "http":
             scope = gateway.route(scope)  # /rl/g/{group}/e/{episode}/... -> /...
@@ -918,6 +1005,21 @@ class ProxyApp(Starlette):
             watch = scope[WATCH_KEY]
             if watch:
                 watch.close()
+
+
+def _origin_form(scope: Any) -> bool:
+    """Whether the request-target is origin-form (``/path?query``), or ``*`` of ``OPTIONS``:
+    the only forms the proxy joins onto an upstream URL. Another form (``@host:port/…``,
+    ``http://host/…``, ``path`` without its slash) would put a host or userinfo of the
+    client's choosing into it: every server refuses it alike (HTTP parsers differ)."""
+    target: bytes = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape")
+    return target[:1] == b"/" or (target == b"*" and scope["method"] == "OPTIONS")
+
+
+_NOT_ORIGIN_FORM = BufferedResponse(
+    400, [(b"content-type", b"text/plain; charset=utf-8")],
+    b"agentcompact proxy: the request-target must be a path starting with '/' "
+    b"(origin-form, RFC 9112 section 3.2.1)\n")
 
 
 def _store(url: str) -> PrefixStore:

@@ -16,6 +16,7 @@ import orjson
 
 from agentcompact.errors import AgentCompactError
 
+from .._threaded_server import DEFAULT_KEEP_ALIVE, server_config
 from ._config import ENV_PREFIX, ProxyConfig
 
 if TYPE_CHECKING:  # the gateway needs the export extra (numpy, pyarrow): imported on use
@@ -92,6 +93,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
       help="a header naming the tenant, set by a gateway in front (instead of the API key)")
     a("--log-level", default="INFO", type=_log_level, metavar="LEVEL",
       help=f"logging level: {', '.join(_LEVELS)} (default INFO)")
+    a("--keep-alive", type=float, metavar="SECONDS",
+      help="seconds an idle client connection stays open, announced as 'Keep-Alive: "
+           f"timeout=N' (default {DEFAULT_KEEP_ALIVE:.0f})")
     _add_gateway_arguments(p)
     a("--keep-memory", type=int, default=KEEP_MEMORY_MIB, metavar="MIB",
       help="freed memory the allocator keeps for the next large body instead of returning "
@@ -149,7 +153,7 @@ def build_config(args: argparse.Namespace) -> ProxyConfig:
         "host", "port", "strategy", "trigger", "target", "counter", "anthropic_upstream",
         "openai_upstream", "gemini_upstream", "record", "shadow", "strict", "debug_dir",
         "reactive", "max_sessions", "log_requests", "store", "state_dir", "archive", "tenancy",
-        "tenant_header")}
+        "tenant_header", "keep_alive")}
     options = _options(getattr(args, "strategy_option", None) or [])
     if options:
         overrides["strategy_options"] = options
@@ -188,9 +192,8 @@ def run(args: argparse.Namespace) -> int:
     mode = "shadow" if config.shadow else ("strict" if config.strict else "active")
     log.info("agentcompact proxy on http://%s:%d (%s, strategy=%s, trigger=%d tokens)",
              config.host, sock.getsockname()[1], mode, config.strategy, config.trigger)
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning",
-                                           access_log=False))
-    server.run(sockets=[sock])
+    uvicorn.Server(server_config(app, config.host, config.port,
+                                 keep_alive=config.keep_alive)).run(sockets=[sock])
     return 0
 
 

@@ -4,6 +4,7 @@ environment variables and command-line flags (in increasing precedence)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from typing import Any
 import orjson
 
 from agentcompact.errors import ConfigError
+
+from .._threaded_server import DEFAULT_KEEP_ALIVE
 
 __all__ = ["DEFAULT_ANTHROPIC_UPSTREAM", "DEFAULT_GEMINI_UPSTREAM", "DEFAULT_OPENAI_UPSTREAM",
            "ENV_PREFIX", "ProxyConfig"]
@@ -54,6 +57,8 @@ class ProxyConfig:
     :param connect_timeout: seconds to connect to an upstream.
     :param read_timeout: seconds between two bytes of an upstream answer.
     :param log_requests: emit one JSON log line per handled request.
+    :param keep_alive: seconds an idle client connection stays open, announced on every
+        response as ``Keep-Alive: timeout=N`` (whole seconds, at least 1).
     :param store: where compacted prefixes and the archive of dropped originals live
         (``memory:``, ``sqlite:///PATH``, ``redis://HOST:PORT``); default (``None``): the
         SQLite file ``store.sqlite`` in ``state_dir``, so a restart keeps every session's
@@ -94,6 +99,7 @@ class ProxyConfig:
     connect_timeout: float = 30.0
     read_timeout: float = 600.0
     log_requests: bool = True
+    keep_alive: float = DEFAULT_KEEP_ALIVE
     store: str | None = None
     state_dir: str | None = None
     archive: str | None = None
@@ -107,6 +113,8 @@ class ProxyConfig:
         _check_numbers(self)
         if self.target is not None and not 0 < self.target <= self.trigger:
             raise ConfigError(f"target must be in (0, trigger={self.trigger}], got {self.target}")
+        if not (self.keep_alive >= 1 and math.isfinite(self.keep_alive)):
+            raise ConfigError(f"keep_alive must be at least 1 second, got {self.keep_alive}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
         if self.store is not None:

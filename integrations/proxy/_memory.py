@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import sys
 
-__all__ = ["keep_freed"]
+__all__ = ["keep_freed", "release_freed"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 #: glibc's largest ``M_MMAP_THRESHOLD`` on 64-bit systems (HEAP_MAX_SIZE / 2)
@@ -38,3 +38,17 @@ def keep_freed(mib: int) -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, _HEAP_BLOCK)
                 and mallopt(_M_TRIM_THRESHOLD, mib * 1024 * 1024))
+
+
+def release_freed() -> bool:
+    """Return the freed memory glibc holds to the system now (``malloc_trim``): after a
+    rare large allocation (a recorded answer of tens of MB) that ``keep_freed`` would
+    otherwise keep. ``False`` without glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))

@@ -11,6 +11,7 @@ end.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -190,26 +191,40 @@ class RelayResponse:
     :param tee: called with each chunk (``--record`` keeps a copy); must be cheap.
     :param on_close: called once at the end with ``True`` when the whole body reached the
         client, ``False`` when the client left or the upstream dropped.
-    :param after_first: called once, as soon as the first body chunk is relayed (or at the
-        end, before ``on_close``, if none was): work that need not delay the answer.
+    :param after_first: called once, as soon as the first body chunk is relayed (before
+        it when it is the last, or at the end, before ``on_close``, if none was): work that
+        need not delay the answer's start. It may return an awaitable (work it started
+        elsewhere): the answer's last bytes go out once it is done, so a client that has
+        the whole answer finds that work done.
     """
 
     def __init__(self, upstream: UpstreamResponse, *, tee: Callable[[bytes], None] | None = None,
                  on_close: Callable[[bool], None] | None = None,
-                 after_first: Callable[[], None] | None = None) -> None:
+                 after_first: Callable[[], Any] | None = None) -> None:
         self.upstream = upstream
         self.status_code = upstream.status_code
         self.tee = tee
         self.on_close = on_close
         self.after_first = after_first
+        self._started: Any = None  # what ``after_first`` returned
 
     def _after_first(self) -> None:
         after, self.after_first = self.after_first, None
         if after is not None:
             try:
-                after()
+                self._started = after()
             except Exception:
                 log.exception("relay: after_first callback failed")
+
+    async def _settle(self) -> None:
+        """Run ``after_first`` if it has not run, and wait for what it started."""
+        self._after_first()
+        started, self._started = self._started, None
+        if started is not None and inspect.isawaitable(started):
+            try:
+                await started
+            except Exception:
+                log.exception("relay: after_first work failed")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         completed = False
@@ -249,9 +264,12 @@ class RelayResponse:
             if left is not None:
                 left -= len(chunk)
                 ended = left <= 0  # the last bytes: one write, no empty closing message
+                if ended:
+                    await self._settle()
             await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
             if self.after_first is not None:
                 self._after_first()
         if not ended:
+            await self._settle()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True

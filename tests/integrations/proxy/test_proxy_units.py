@@ -137,6 +137,22 @@ def test_sse_parsing_and_truncated_stream() -> None:
     assert not got.complete and got.model == "m"
 
 
+def test_sse_reader_reads_the_same_events_however_the_bytes_are_split() -> None:
+    from agentcompact.integrations.proxy._reassemble import SSEReader
+
+    data = (b"event: a\r\ndata: {\"x\": 1}\r\n\r\n: comment\n\ndata: one\ndata: two\n\n"
+            b"data:tight\r\rdata: [DONE]\n\ndata: last, no blank line")
+    whole = SSEReader()
+    expected = whole.feed(data) + whole.close()
+    assert expected == [b'{"x": 1}', b"one\ntwo", b"tight", b"[DONE]", b"last, no blank line"]
+    for cut in range(len(data) + 1):
+        reader = SSEReader()
+        assert reader.feed(data[:cut]) + reader.feed(data[cut:]) + reader.close() == expected
+    reader = SSEReader()
+    assert [e for i in range(len(data)) for e in reader.feed(data[i:i + 1])] + reader.close() \
+        == expected
+
+
 def test_create_app_is_a_starlette_app_with_the_proxy_routes() -> None:
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
@@ -290,6 +306,36 @@ def test_relay_runs_after_first_once_the_first_chunk_is_sent_and_before_on_close
     if chunks:
         assert events == ["http.response.start", chunks[0], "after_first", chunks[1], b"",
                           ("closed", True)]
-    else:
-        assert events == ["http.response.start", b"", "after_first", ("closed", True)]
+    else:  # no chunk: it runs before the end of the answer
+        assert events == ["http.response.start", "after_first", b"", ("closed", True)]
     assert upstream.closed is True
+
+
+def test_relay_sends_the_last_bytes_once_the_work_after_first_is_done() -> None:
+    """``after_first`` started work elsewhere (the engine measuring in a worker thread):
+    the answer's last bytes wait for it, so a client holding the whole answer finds it
+    done; the first bytes do not."""
+    import asyncio
+
+    from agentcompact.integrations.proxy._relay import RelayResponse
+
+    events: list[object] = []
+
+    async def send(message: dict[str, object]) -> None:
+        events.append(message.get("body", message["type"]))
+
+    async def receive() -> dict[str, str]:
+        await asyncio.sleep(30)
+        return {"type": "http.disconnect"}
+
+    async def work() -> None:
+        await asyncio.sleep(0.05)
+        events.append("work done")
+
+    async def main() -> None:
+        relay = RelayResponse(_Upstream([b"data: 1\n\n", b"data: 2\n\n"]),  # type: ignore[arg-type]
+                              after_first=lambda: asyncio.ensure_future(work()))
+        await relay({"type": "http"}, receive, send)
+
+    asyncio.run(main())
+    assert events == ["http.response.start", b"data: 1\n\n", b"data: 2\n\n", "work done", b""]
