@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,31 @@ def _private_state_dir(monkeypatch: pytest.MonkeyPatch,
 
 
 _STATE_DIRS = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_backend_health() -> Iterator[None]:
+    """A failing store location is left alone for ``retry_after`` by every store of the
+    process on it (``agentcompact.stores._shared``): each test starts with every location
+    healthy, as a process would, not with what an earlier test's outage left."""
+    from agentcompact.stores import _shared
+
+    with _shared._lanes_lock:
+        _shared._lanes.clear()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _loggers_restored() -> Iterator[None]:
+    """What a test leaves on the root and ``agentcompact`` loggers is undone after it: the
+    CLIs add a handler on the stream that is stderr when they run (a test's captured
+    stream, closed after it), verl's import configures the root logger and SkyRL routes it
+    through loguru."""
+    import logging
+
+    saved = [(lg, list(lg.handlers), lg.level)
+             for lg in (logging.getLogger(), logging.getLogger("agentcompact"))]
+    yield
+    for logger, handlers, level in saved:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)

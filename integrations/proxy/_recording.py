@@ -231,11 +231,12 @@ class Recording:
         if self._batched >= _BATCH_BYTES:
             self._hand_on()
 
-    def finish(self, log_call: Callable[[Reassembled], None]) -> None:
+    def finish(self, log_call: Callable[[Reassembled], None],
+               unread: Callable[[], None] | None = None) -> None:
         """The answer is complete: reassemble the rest and ``log_call`` the result, in the
-        thread (or warn that it cannot be read)."""
+        thread (or warn that it cannot be read, and call ``unread``)."""
         self._hand_on()
-        self._thread.submit(lambda: self._finish(log_call))
+        self._thread.submit(lambda: self._finish(log_call, unread))
 
     def discard(self) -> None:
         """The answer did not complete: nothing is recorded."""
@@ -286,14 +287,19 @@ class Recording:
                 add(event)
             self._seen += len(events)
 
-    def _finish(self, log_call: Callable[[Reassembled], None]) -> None:
+    def _finish(self, log_call: Callable[[Reassembled], None],
+                unread: Callable[[], None] | None = None) -> None:
+        got: Reassembled | None = None
         try:
             got = self._result()
         finally:
             self._body, self._sse = [], None
-        if got is None:
-            log.warning("--record: %s is not recorded: %s", self._describe, self._problem)
-        else:
+            if got is None:
+                log.warning("--record: %s is not recorded: %s", self._describe,
+                            self._problem or "it could not be read")
+                if unread is not None:
+                    unread()
+        if got is not None:
             log_call(got)
         if self._total >= _RELEASE_AFTER_BYTES:
             release_freed()

@@ -52,16 +52,3 @@ def pytest_pycollect_makemodule(module_path: Path, parent: Any) -> Any:
     module.reason = reason
     return module
 
-
-@pytest.fixture(autouse=True)
-def _root_logging_restored() -> Any:
-    """verl configures the root logger when imported (``logging.basicConfig``) and SkyRL
-    routes it through loguru: put the root logger back after each test, so the rest of a
-    run that shares the process logs as it would alone."""
-    import logging
-
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
