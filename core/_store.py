@@ -167,21 +167,28 @@ class PrefixScan:
                 low, hit = shared, memo[3]
         found: PrefixEntry | None = None
         at = 0
+        whole = False  # an entry that would replace the whole history was passed over
         for i in range(n, low, -1):
             entry = get(chain[i - 1])
             if entry is not None and entry.key_length == i and entry.head_len <= i:
+                if entry.cut >= n:  # stored for a longer history: nothing of this one
+                    whole = True  # would follow it (a retry, a fork); a later call may
+                    continue      # use it, so this scan is not remembered
                 found, at = entry, i
                 break
         else:
             if hit:
                 entry = get(chain[hit - 1])
-                if entry is not None and entry.key_length == hit and entry.head_len <= hit:
+                if (entry is not None and entry.key_length == hit and entry.head_len <= hit
+                        and entry.cut < n):
                     found, at = entry, hit
-                else:  # removed without a version change: check every prefix
-                    self._memo = None
+                else:  # removed without a version change, or it would replace the whole
+                    self._memo = None  # history: check every prefix
                     return self.find(chain, n)
-        if version is not None and n:
+        if version is not None and n and not whole:
             self._memo = (version, chain, n, at)
+        elif whole:
+            self._memo = None
         return found
 
 

@@ -293,15 +293,39 @@ def test_counted_text_is_the_text_and_images_of_the_parts(name: str) -> None:
 def test_prefix_scan_finds_what_a_scan_of_every_length_finds(steps: Any) -> None:
     """``PrefixScan`` skips lengths it found empty before (same version, same chain up to
     them): histories that grow, shrink, branch and change their last message, with
-    entries put between the scans, give the longest stored prefix every time."""
+    entries put between the scans, give the longest stored prefix every time that leaves
+    some of the history after its cut."""
     store = InMemoryPrefixStore()
     scan = PrefixScan(store)
     for symbols, puts in steps:
         chain = chain_digests([str(s) for s in symbols], seed="s")
         n = len(chain)
-        expected = next((store.get(chain[i - 1]) for i in range(n, 0, -1)
-                         if store.get(chain[i - 1]) is not None), None)
+        stored = (store.get(chain[i - 1]) for i in range(n, 0, -1))
+        expected = next((e for e in stored if e is not None and e.cut < n), None)
         assert scan.find(chain, n) is expected
         for cut in puts:
             if cut <= n:
                 store.put(chain[cut - 1], PrefixEntry(0, cut, {"cut": cut}, 1, "cliff"))
+
+
+def test_a_history_ending_where_a_stored_cut_is_keeps_its_own_last_message() -> None:
+    """A retried or forked request whose history is exactly the prefix a later compaction
+    replaced (its cut) is not answered with that compaction alone: its newest messages
+    are sent as they are, and a call after it still reuses the stored entry."""
+    from tests.integrations.proxy.histories import anthropic_history
+
+    store = InMemoryPrefixStore()
+    full = anthropic_history(30, result_tokens=300)
+    first = Engine("cliff", "anthropic", Budget(trigger_tokens=6000), counter="chars",
+                   store=store, episode_id="s")
+    for n in range(3, len(full) + 1, 2):
+        first.compact(full[:n])
+    cuts = sorted({e.cut for e, _ in store._data.values()})
+    assert cuts
+    for cut in cuts:
+        again = Engine("cliff", "anthropic", Budget(trigger_tokens=6000), counter="chars",
+                       store=store, episode_id="s")
+        out = again.compact(full[:cut]).messages
+        assert out[-1] is full[cut - 1]  # its own last message, not a compaction
+        later = again.compact(full[:cut + 2])  # the next call finds the stored entry
+        assert later.modified and not later.compacted
