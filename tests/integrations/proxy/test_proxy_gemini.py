@@ -241,3 +241,43 @@ def test_the_google_gen_ai_sdk_through_the_proxy(proxy: ThreadedServer,
         sent = request.body["contents"]
         assert len(sent) < len(contents)
         validate(sent, D)
+
+
+def test_a_recorded_gemini_run_exports_to_rows(start_proxy: ProxyFactory, upstream: Upstream,
+                                               tmp_path: Path) -> None:
+    """Two recorded Gemini calls of one conversation become training rows: the
+    model's function calls and text are the sampled turns, its function responses the
+    environment's."""
+    pytest.importorskip("tokenizers")
+    from agentcompact.trajectory.export import export_runs
+
+    from ...conftest import QWEN_TOKENIZER
+
+    proxy = start_proxy(record=str(tmp_path / "run"), trigger=3000, counter="chars")
+    upstream.sim.script.push(Reply.calling(ToolCall("read_file", {"file_path": "a"}),
+                                           text="Reading a."), "Done.")
+    url = f"{proxy.base_url}/v1beta/models/gemini-3-pro-preview:generateContent"
+    history = gemini_history(4)
+    first = httpx.post(url, json=body(history), timeout=30)
+    assert first.status_code == 200
+    answer = first.json()["candidates"][0]["content"]
+    call = next(p["functionCall"] for p in answer["parts"] if "functionCall" in p)
+    history += [answer, {"role": "user", "parts": [{"functionResponse": {
+        "name": call["name"], "response": {"output": filler_text(200)}}}]}]
+    assert httpx.post(url, json=body(history), timeout=30).status_code == 200
+    proxy.stop()
+    manifest = export_runs([tmp_path / "run"], tmp_path / "rows", str(QWEN_TOKENIZER))
+    assert manifest["counts"]["segments"] >= 1, manifest
+    pq = pytest.importorskip("pyarrow.parquet")
+    from tokenizers import Tokenizer
+
+    rows = pq.read_table(tmp_path / "rows" / "segments-00000.parquet").to_pylist()
+    tok = Tokenizer.from_file(str(QWEN_TOKENIZER / "tokenizer.json"))
+    (row,) = rows  # both calls extend one context: one segment
+    assert manifest["counts"]["model_calls"] == 2
+    trained = tok.decode([t for t, m in zip(row["response_ids"], row["response_mask"]) if m])
+    assert trained.startswith("Reading a.") and trained.endswith("Done.")
+    assert '"name": "read_file", "arguments": {"file_path": "a"}' in trained
+    environment = tok.decode([t for t, m in zip(row["response_ids"], row["response_mask"])
+                              if not m])
+    assert filler_text(200)[:40] in environment  # the function response, not trained
