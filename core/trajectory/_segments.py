@@ -98,14 +98,40 @@ def _recorded(call: ModelCall) -> bool:
     return call.prompt_token_ids is not None and call.response_token_ids is not None
 
 
+#: Gemini request fields (camelCase on the wire, snake_case in Google's SDKs) → the names
+#: the other dialects use: the system prompt, and the sampling settings that
+#: ``generationConfig`` holds
+_GEMINI_SYSTEM = ("systemInstruction", "system_instruction")
+_GEMINI_SAMPLING = (("temperature", "temperature"), ("topP", "top_p"), ("top_p", "top_p"),
+                    ("topK", "top_k"), ("top_k", "top_k"))
+
+
+def _request(call: ModelCall) -> dict[str, Any]:
+    """The request fields that shape the prompt and its sampling, under one set of names
+    (``system``, ``instructions``, ``tools``, ``temperature``, ``top_p``, ``top_k``)."""
+    req = call.request
+    if call.dialect != "gemini":
+        return req
+    out = dict(req)
+    system = next((req[k] for k in _GEMINI_SYSTEM if req.get(k) is not None), None)
+    if system is not None:
+        out["system"] = system
+    config = req.get("generationConfig", req.get("generation_config"))
+    if isinstance(config, dict):
+        for wire, name in _GEMINI_SAMPLING:
+            if config.get(wire) is not None:
+                out[name] = config[wire]
+    return out
+
+
 def _shape(call: ModelCall) -> str:
     """Digest of the request fields other than messages that shape the prompt."""
-    req = call.request
+    req = _request(call)
     return digest_of([call.dialect, req.get("system"), req.get("tools"), req.get("instructions")])
 
 
 def _sampling(call: ModelCall, logprobs_known: bool) -> dict[str, Any]:
-    return _sampling_of(call.request, logprobs_known)
+    return _sampling_of(_request(call), logprobs_known)
 
 
 def _sampling_of(req: dict[str, Any], logprobs_known: bool) -> dict[str, Any]:
@@ -257,8 +283,9 @@ class _Builder:
         self.dialect = get_dialect(call.dialect)
         self.first = call
         self.shape = _shape(call)
-        self.system = call.request.get("system") or call.request.get("instructions")
-        self.tools = to_chat_tools(call.request.get("tools"))
+        request = _request(call)
+        self.system = request.get("system") or request.get("instructions")
+        self.tools = to_chat_tools(request.get("tools"))
         self.recorded = _recorded(call)
         self.logprobs_known = True
         self.unmapped: list[str] = []  # why a call's logprobs could not be given ids

@@ -62,7 +62,9 @@ def _arguments(text: str) -> Any:
 def _system_text(system: Any) -> str:
     if isinstance(system, str):
         return system
-    if isinstance(system, list):  # Anthropic system blocks
+    if isinstance(system, dict):  # a Gemini systemInstruction: a content of parts
+        system = system.get("parts")
+    if isinstance(system, list):  # Anthropic system blocks, Gemini parts
         return "\n".join(str(b.get("text", "")) for b in system if isinstance(b, dict))
     return ""
 
@@ -134,19 +136,37 @@ def extend_chat(
     return out
 
 
+#: where a tool's JSON schema is: Anthropic, OpenAI, Gemini (wire and SDK spellings)
+_SCHEMA_KEYS = ("input_schema", "parameters", "parametersJsonSchema",
+                "parameters_json_schema")
+
+
+def _gemini_declarations(tools: list[Any]) -> list[Any]:
+    """Gemini's ``[{"functionDeclarations": [...]}, {"googleSearch": {}}]`` flattened to its
+    function declarations; other shapes as they are (a built-in tool such as search is no
+    function a template can show: the caller leaves it out)."""
+    out: list[Any] = []
+    for tool in tools:
+        declared = None
+        if isinstance(tool, dict):
+            declared = tool.get("functionDeclarations", tool.get("function_declarations"))
+        out.extend(declared if isinstance(declared, list) else [tool])
+    return out
+
+
 def to_chat_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Request tool definitions (OpenAI chat, Responses or Anthropic shape) → the OpenAI
-    function shape chat templates render; ``None`` when there are none."""
+    """Request tool definitions (OpenAI chat, Responses, Anthropic or Gemini shape) → the
+    OpenAI function shape chat templates render; ``None`` when there are none."""
     if not tools:
         return None
     out = []
-    for tool in tools:
+    for tool in _gemini_declarations(tools):
         if not isinstance(tool, dict):
             continue
         if "function" in tool:
             out.append(tool)
         elif "input_schema" in tool or tool.get("type") == "function" or "name" in tool:
-            params = tool.get("input_schema", tool.get("parameters", {}))
+            params = next((tool[k] for k in _SCHEMA_KEYS if tool.get(k) is not None), {})
             fn = {"name": tool.get("name", ""), "description": tool.get("description", ""),
                   "parameters": params}
             out.append({"type": "function", "function": fn})

@@ -245,9 +245,9 @@ def test_the_google_gen_ai_sdk_through_the_proxy(proxy: ThreadedServer,
 
 def test_a_recorded_gemini_run_exports_to_rows(start_proxy: ProxyFactory, upstream: Upstream,
                                                tmp_path: Path) -> None:
-    """Two recorded Gemini calls of one conversation become training rows: the
-    model's function calls and text are the sampled turns, its function responses the
-    environment's."""
+    """Two recorded Gemini calls of one conversation become training rows: the prompt
+    holds the system instruction and the function declarations, the model's function calls
+    and text are the sampled turns, its function responses the environment's."""
     pytest.importorskip("tokenizers")
     from agentcompact.trajectory.export import export_runs
 
@@ -281,3 +281,8 @@ def test_a_recorded_gemini_run_exports_to_rows(start_proxy: ProxyFactory, upstre
     environment = tok.decode([t for t, m in zip(row["response_ids"], row["response_mask"])
                               if not m])
     assert filler_text(200)[:40] in environment  # the function response, not trained
+    # the prompt the model saw: its system instruction and function declarations are
+    # rendered, and the row states the sampling settings of generationConfig
+    prompt = tok.decode(row["prompt_ids"])
+    assert SYSTEM["parts"][0]["text"] in prompt and '"name": "read_file"' in prompt
+    assert row["sampling"]["temperature"] == 1.0
