@@ -12,6 +12,11 @@ the contents, the request's system instruction and its tool declarations. ADK's 
 compaction (``EventsCompactionConfig``) summarizes events with an LLM after the turn; this
 one cuts verbatim, before each call, within a token bound.
 
+Recording (for ``agentcompact export``): also pass ``after_model_callback=callback.record``;
+each model call then fires ``agentcompact_log_model_call`` with the contents sent and the
+model's content, in the ``gemini`` dialect (the Gemini API's JSON, as ``model_dump`` with
+aliases writes it).
+
 Contents are ``google.genai.types.Content`` objects, read through :class:`GenAIDialect` and
 never mutated: ``function_call`` / ``function_response`` parts pair by id, thought parts and
 any part carrying a ``thought_signature`` pass byte for byte or not at all. One engine per
@@ -20,6 +25,7 @@ ADK session (LRU-bounded).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -27,6 +33,7 @@ import orjson
 import pluggy
 from google.adk.agents.callback_context import CallbackContext
 from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
 from google.genai import types
 
 from agentcompact import (
@@ -34,14 +41,25 @@ from agentcompact import (
     ConfigError,
     DialectError,
     Engine,
+    ModelCall,
     ValidationError,
     hookimpl,
+    log_model_call,
 )
 from agentcompact.dialects import Dialect, Part, digest_of, truncated
 
 from ._hosts import Conversations, conversation_key, json_safe
 
 __all__ = ["CompactionCallback", "GenAIDialect", "agentcompact_register_dialects"]
+
+log = logging.getLogger("agentcompact.adk")
+
+#: model calls awaiting ``record`` (one per agent of each invocation in flight; without
+#: ``record`` the oldest give way)
+_PENDING_CALLS = 256
+#: ``GenerateContentConfig`` fields (as dumped with aliases) that are sampling settings:
+#: on the Gemini wire they sit in ``generationConfig``
+_SAMPLING = ("temperature", "topP", "topK", "maxOutputTokens", "seed")
 
 
 def _json_text(value: Any) -> str:
@@ -180,6 +198,7 @@ class CompactionCallback:
                                            plugins=plugins, owner="CompactionCallback",
                                            max_conversations=max_conversations)
         self.last_result: CompactionResult | None = None
+        self._sent: dict[tuple[str, str], tuple[str, list[types.Content], LlmRequest, bool]] = {}
 
     def _fixed(self, engine: Engine, request: LlmRequest) -> int:
         config = request.config
@@ -202,4 +221,58 @@ class CompactionCallback:
         self.last_result = result
         if result.modified:
             llm_request.contents = list(result.messages)
+        call = _call_of(callback_context)
+        self._sent.pop(call, None)
+        if len(self._sent) >= _PENDING_CALLS:
+            del self._sent[next(iter(self._sent))]
+        self._sent[call] = (key, list(llm_request.contents), llm_request, result.modified)
         return None
+
+    async def record(self, callback_context: CallbackContext, llm_response: LlmResponse
+                     ) -> None:
+        """An ``after_model_callback`` firing ``agentcompact_log_model_call`` for each model
+        call this callback compacted (streamed partial responses wait for the final one).
+        A recording failure is logged, never raised into the run."""
+        if llm_response.partial:
+            return None
+        sent = self._sent.pop(_call_of(callback_context), None)
+        if sent is None:
+            return None
+        key, contents, request, compacted = sent
+        try:
+            content = llm_response.content
+            usage = llm_response.usage_metadata
+            call = ModelCall(
+                episode_id=key, dialect="gemini",
+                messages=[_wire(c) for c in contents],
+                response=[_wire(content)] if content is not None else [],
+                request=_wire_request(request),
+                usage=_wire(usage) if usage is not None else {},
+                model=llm_response.model_version or request.model, compacted=compacted)
+            log_model_call(call, self.conversations.plugins)
+        except Exception as exc:  # a recording failure never reaches the run
+            log.error("agentcompact: recording an ADK model call failed: %s",
+                      type(exc).__name__)
+        return None
+
+
+def _call_of(context: CallbackContext) -> tuple[str, str]:
+    """One agent's model call in flight: ADK runs an agent's calls one after another."""
+    return (str(getattr(context, "invocation_id", "")), str(getattr(context, "agent_name", "")))
+
+
+def _wire(value: Any) -> Any:
+    """A google.genai object as the Gemini API's JSON (camelCase, bytes as base64)."""
+    return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _wire_request(request: LlmRequest) -> dict[str, Any]:
+    """The request fields beside the contents, as the Gemini API names them."""
+    config = _wire(request.config) if request.config is not None else {}
+    out: dict[str, Any] = {k: config[k] for k in ("systemInstruction", "tools") if k in config}
+    if isinstance(out.get("systemInstruction"), str):  # the SDK sends text as one part
+        out["systemInstruction"] = {"parts": [{"text": out["systemInstruction"]}]}
+    sampling = {k: config[k] for k in _SAMPLING if k in config}
+    if sampling:
+        out["generationConfig"] = sampling
+    return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,11 +47,11 @@ def server() -> Iterator[RunningServer]:
         yield running
 
 
-async def _run(server: RunningServer, callback: Any) -> tuple[str, Any]:
+async def _run(server: RunningServer, callback: Any, **agent_options: Any) -> tuple[str, Any]:
     model = LiteLlm(model="openai/sim-model", api_base=f"{server.base_url}/v1",
                     api_key="sk-test")
     agent = LlmAgent(name="engineer", model=model, instruction=INSTRUCTION,
-                     tools=[read_file], before_model_callback=callback)
+                     tools=[read_file], before_model_callback=callback, **agent_options)
     sessions = InMemorySessionService()
     runner = Runner(app_name="hosts", agent=agent, session_service=sessions)
     session = await sessions.create_session(app_name="hosts", user_id="u")
@@ -77,6 +78,47 @@ async def test_tool_loop_stays_within_trigger(server: RunningServer) -> None:
     calls = sum(1 for e in session.events for p in (e.content.parts if e.content else ())
                 if p.function_call is not None)
     assert calls == STEPS
+
+
+async def test_recorded_calls_export_to_rows(server: RunningServer, pm: Any, collector: Any,
+                                             tmp_path: Path) -> None:
+    """With ``after_model_callback=callback.record`` every model call is logged as the
+    Gemini API's JSON (the contents sent, compacted, and the model's content), and the
+    recording exports to training rows holding the instruction and the tool."""
+    pytest.importorskip("tokenizers")
+    from agentcompact.plugins.recorder import Recorder
+    from agentcompact.trajectory.export import export_runs
+
+    from ..conftest import QWEN_TOKENIZER
+
+    recorder = Recorder(tmp_path / "run")
+    pm.register(recorder)
+    callback = CompactionCallback(trigger_tokens=TRIGGER, plugins=pm)
+    final, _ = await _run(server, callback, after_model_callback=callback.record)
+    recorder.close()
+    assert final == DONE
+    calls = collector.calls
+    assert len(calls) == STEPS + 1 and {c.dialect for c in calls} == {"gemini"}
+    assert any(c.compacted for c in calls)
+    first = calls[0]
+    assert first.request["systemInstruction"]["parts"][0]["text"].startswith(INSTRUCTION[:40])
+    assert first.request["tools"][0]["functionDeclarations"][0]["name"] == "read_file"
+    assert first.response[0]["parts"][0]["functionCall"]["name"] == "read_file"
+    # what was logged is what the callback let through: the compacted contents
+    assert sum(len(c.messages) for c in calls) < sum(range(1, 2 * STEPS + 3, 2))
+    manifest = export_runs([tmp_path / "run"], tmp_path / "rows", str(QWEN_TOKENIZER))
+    assert manifest["counts"]["model_calls"] == STEPS + 1
+    assert manifest["counts"]["segments"] >= 2  # a compaction starts a new segment
+    pq = pytest.importorskip("pyarrow.parquet")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(QWEN_TOKENIZER / "tokenizer.json"))
+    rows = pq.read_table(tmp_path / "rows" / "segments-00000.parquet").to_pylist()
+    prompt = tok.decode(rows[0]["prompt_ids"])
+    assert INSTRUCTION[:40] in prompt and '"name": "read_file"' in prompt
+    trained = tok.decode([t for t, m in zip(rows[-1]["response_ids"], rows[-1]["response_mask"])
+                          if m])
+    assert trained.endswith(DONE)
 
 
 def test_dialect_pairs_calls_and_keeps_signed_parts() -> None:
