@@ -17,16 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from ..rl._advantages import (
-    drgrpo_advantages,
-    grpo_advantages,
-    rloo_advantages,
-)
+from ..rl._advantages import drgrpo_advantages, grpo_advantages, rloo_advantages
 from ..rl._schema import STOP_REASONS
 from ._events_log import EventReader
 from ._export_options import ExportOptions
 
-logger = logging.getLogger('agentcompact.trajectory.export')
+logger = logging.getLogger("agentcompact.trajectory.export")  # the export's own
 
 @dataclass
 class IndexedEpisode:

@@ -1,5 +1,4 @@
-"""The options of an export (``ExportOptions``) and the values they take.
-"""
+"""The options of an export (``ExportOptions``) and the values they take."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ ADVANTAGES = ("grpo", "drgrpo", "rloo", "gae-chain", "gae-truncated", "none")
 #: the rewarded episodes. Counted in the manifest and warned about either way.
 UNREWARDED = ("mask-group", "drop-episode")
 DEFAULT_MASKED_STOP_REASONS = frozenset({"context_length", "error", "timeout"})
-_ROW_GROUP_TOKENS = 1 << 20  # flush a Parquet row group at about this many tokens
 
 
 @dataclass

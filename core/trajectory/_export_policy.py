@@ -15,10 +15,14 @@ from ..errors import ConfigError
 from ._export_options import ExportOptions
 from ._export_rows import EpisodeResult
 
-logger = logging.getLogger('agentcompact.trajectory.export')
+logger = logging.getLogger("agentcompact.trajectory.export")  # the export's own
 
 @dataclass
 class ExportCounts:
+    """The manifest's ``counts``: what was exported, masked, dropped and cut, added episode
+    by episode (``add``) in the exporting process, or counted per episode where it was
+    made and merged in export order (``merge``: ``ray_export``)."""
+
     groups: int = 0
     episodes: int = 0
     segments: int = 0

@@ -15,9 +15,7 @@ import numpy as np
 
 from .._events import CompactionEvent, ModelCall, SummaryCall
 from ..errors import TrajectoryError
-from ..rl._advantages import (
-    broadcast_to_segments,
-)
+from ..rl._advantages import broadcast_to_segments
 from ..rl._gae import assign_gae
 from ..rl._schema import SCHEMA_VERSION
 from ._events_log import read_event_at
