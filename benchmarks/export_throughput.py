@@ -114,9 +114,10 @@ def export_runs_timed(events: Path, tokenizer: str, out: Path, repeat: int,
 
 def default_workers(episodes: int) -> int:
     """How many workers ``ExportOptions(workers=None)`` uses for ``episodes`` here."""
-    from agentcompact.trajectory.export import ExportOptions, _workers, default_start_method
+    from agentcompact.trajectory._export_pool import worker_count
+    from agentcompact.trajectory.export import ExportOptions, default_start_method
 
-    return int(_workers(ExportOptions(), episodes, default_start_method()))
+    return int(worker_count(ExportOptions(), episodes, default_start_method()))
 
 
 def raw_tokenizer(out: Path, tokenizer: str, repeat: int) -> dict[str, Any]:

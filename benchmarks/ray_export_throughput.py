@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import ray
 
-    from agentcompact.trajectory import export as _export
+    from agentcompact.trajectory import _export_pool
     from agentcompact.trajectory._tokenize import ChatTokenizer
     from agentcompact.trajectory.export import ExportOptions, export_runs
     from agentcompact.trajectory.ray_export import export_runs_ray
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rows: list[tuple[str, float]] = []
         work_s = [0.0]
-        episode = _export._export_episode
+        episode = _export_pool.export_episode
 
         def timed_episode(ctx: Any, job: Any) -> Any:  # in-process (workers=1) only
             c0 = time.process_time()
@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 work_s[0] += time.process_time() - c0
 
-        _export._export_episode = timed_episode
+        _export_pool.export_episode = timed_episode
         t1, cpu1, reference = best(local(1), 1, tmp, None)
-        _export._export_episode = episode
+        _export_pool.export_episode = episode
         work = work_s[0]
         t1, cpu1, reference = best(local(1), args.repeat, tmp, None)
         rows.append(("local, workers=1", t1))

@@ -46,6 +46,8 @@ from .._pluginmanager import new_plugin_manager, registry
 from .._settings import StrategySettings
 from ..dialects._base import Dialect
 from ..errors import ConfigError
+from ..trajectory._export_writer import ExportWriter as _Writer
+from ..trajectory._export_writer import private_files as _private_files
 from ..trajectory._memory import (
     EpisodeCollector,
     EpisodeRows,
@@ -54,7 +56,7 @@ from ..trajectory._memory import (
     group_advantages,
 )
 from ..trajectory._tokenize import ChatTokenizer, extend_chat, to_chat_messages
-from ..trajectory.export import ExportOptions, _private_files, _Writer
+from ..trajectory.export import ExportOptions
 
 __all__ = [
     "CompactingRollout",

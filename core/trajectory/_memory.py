@@ -40,25 +40,24 @@ from .._hookspecs import hookimpl
 from .._redact import redact
 from ..errors import ExportError, TrajectoryError
 from ..rl._schema import to_float32
+from ._export_index import (
+    IndexedEpisode,
+    Outcome,
+    apply_unrewarded,
+    episode_advantages,
+    read_outcomes,
+)
+from ._export_options import ExportOptions
+from ._export_policy import (
+    ExportCounts,
+    accept_episode,
+    logprob_recomputer,
+    warn_critic_free_gae,
+    warn_zero_advantages,
+)
+from ._export_rows import EpisodeJob, count_compactions, episode_segments, finish_episode
 from ._segments import Segment
 from ._tokenize import ChatTokenizer
-from .export import (
-    ExportOptions,
-    _accept,
-    _count_compactions,
-    _Counts,
-    _Episode,
-    _episode_advantages,
-    _finish,
-    _Job,
-    _Outcome,
-    _outcomes,
-    _recomputer,
-    _segments,
-    _unrewarded_policy,
-    _warn_critic_free_gae,
-    _warn_zero_advantages,
-)
 
 __all__ = [
     "EpisodeCollector",
@@ -215,10 +214,10 @@ class EpisodeRows:
     def rewarded(self) -> bool:
         return self.reward is not None
 
-    def _index_entry(self) -> _Episode:
+    def _index_entry(self) -> IndexedEpisode:
         """The exporter's index entry of this episode (its outcome rules take these)."""
         calls = sum(s.num_calls for s in self.segments)
-        return _Episode(self.episode_id, calls=calls, call_group=self.group_id,
+        return IndexedEpisode(self.episode_id, calls=calls, call_group=self.group_id,
                         end=self.end.to_dict() if self.end is not None else None)
 
 
@@ -233,8 +232,8 @@ def _tokenizer(tokenizer: ChatTokenizer | str) -> ChatTokenizer:
         ChatTokenizer.from_pretrained(tokenizer))
 
 
-def _own_outcome(entry: _Episode) -> _Outcome:
-    return _outcomes({entry.group_id: [entry]})[entry.episode_id]
+def _own_outcome(entry: IndexedEpisode) -> Outcome:
+    return read_outcomes({entry.group_id: [entry]})[entry.episode_id]
 
 
 def episode_rows(episode: EpisodeEvents, tokenizer: ChatTokenizer | str,
@@ -249,12 +248,12 @@ def episode_rows(episode: EpisodeEvents, tokenizer: ChatTokenizer | str,
     if not calls:
         raise ExportError(f"episode {episode.episode_id!r}: no model call to train on")
     end = episode.end
-    entry = _Episode(episode.episode_id, calls=calls, call_group=episode.group_id,
+    entry = IndexedEpisode(episode.episode_id, calls=calls, call_group=episode.group_id,
                      end=end.to_dict() if end is not None else None)
     outcome = _own_outcome(entry)
-    segs = _segments(episode.items, tok, opts, episode.episode_id, "")
-    compactions = _count_compactions(episode.items)
-    done = _finish(_Job(episode.episode_id, episode.group_id, [], outcome, 0.0), segs,
+    segs = episode_segments(episode.items, tok, opts, episode.episode_id, "")
+    compactions = count_compactions(episode.items)
+    done = finish_episode(EpisodeJob(episode.episode_id, episode.group_id, [], outcome, 0.0), segs,
                    compactions, tok, replace(opts, advantage="none"))
     return EpisodeRows(
         episode.episode_id, episode.group_id, outcome.sample_index,
@@ -292,30 +291,30 @@ def group_advantages(episodes: Sequence[EpisodeRows], options: ExportOptions | N
     if len({e.episode_id for e in episodes}) != len(episodes):
         raise ExportError("group_advantages: an episode is given twice")
     by_id = {e.episode_id: e for e in episodes}
-    groups: dict[str, list[_Episode]] = {}
+    groups: dict[str, list[IndexedEpisode]] = {}
     for e in episodes:
         groups.setdefault(e.group_id, []).append(e._index_entry())
-    outcomes = _outcomes(groups)
-    groups, unrewarded = _unrewarded_policy(groups, outcomes, opts)
-    advantage = _episode_advantages(groups, outcomes, opts)
-    counts = _Counts(groups=len(groups), **vars(unrewarded))
-    recompute = _recomputer(opts)
+    outcomes = read_outcomes(groups)
+    groups, unrewarded = apply_unrewarded(groups, outcomes, opts)
+    advantage = episode_advantages(groups, outcomes, opts)
+    counts = ExportCounts(groups=len(groups), **vars(unrewarded))
+    recompute = logprob_recomputer(opts)
     tok = _rows_tokenizer(episodes, tokenizer)
     rows: list[dict[str, Any]] = []
     table: list[dict[str, Any]] = []
     for gid, entries in groups.items():
         for entry in entries:
             e = by_id[entry.episode_id]
-            job = _Job(e.episode_id, gid, [], outcomes[e.episode_id],
+            job = EpisodeJob(e.episode_id, gid, [], outcomes[e.episode_id],
                        advantage.get(e.episode_id))
-            done = _finish(job, list(e.segments), e.compactions, tok, opts)
-            if not _accept(done, opts, counts, recompute) or not done.kept:
+            done = finish_episode(job, list(e.segments), e.compactions, tok, opts)
+            if not accept_episode(done, opts, counts, recompute) or not done.kept:
                 continue
             rows.extend(to_float32(done.rows))
             table.append(dict(done.episode,
                               episode_reward=float(np.float32(done.episode["episode_reward"]))))
-    _warn_zero_advantages(opts, counts)
-    _warn_critic_free_gae(opts.advantage)
+    warn_zero_advantages(opts, counts)
+    warn_critic_free_gae(opts.advantage)
     return RowBatch(rows, table, dict(vars(counts)))
 
 

@@ -5,13 +5,13 @@ The export is ``export.export_runs`` itself — the same index pass, advantages,
 and manifest — with its episode runner swapped for :class:`RayEpisodes`: the episodes
 become a Ray dataset of jobs (``ray.data.from_items``, order preserved), each actor holds
 one export context (the tokenizer shipped once by pickling, as to spawned worker
-processes), runs ``export._run_job`` on each job and applies the length policy and the
-counts to it (``export._accept``). The rows stay on the workers: each batch's rows go to a
-spill file in the output folder, and only the episode's table row, counts and log records
-come back to the exporting process (the driver). The driver cuts shards at group
-boundaries exactly as the local export does (it knows every episode's row count) and, as
-soon as a shard is complete, a Ray task writes it from the spill files
-(``_write_shard``: the local writer's code, for one shard), several shards at once. The
+processes), runs ``_export_pool.run_job`` on each job and applies the length policy and
+the counts to it (``_export_policy.accept_episode``). The rows stay on the workers: each
+batch's rows go to a spill file in the output folder, and only the episode's table row,
+counts and log records come back to the exporting process (the driver). The driver cuts
+shards at group boundaries exactly as the local export does (it knows every episode's row
+count) and, as soon as a shard is complete, a Ray task writes it from the spill files
+(``_write_shard``: the local ``ExportWriter``, for one shard), several shards at once. The
 driver writes the small episode table and the manifest. The files are byte-identical to
 a local export of the same input; the spill folder is removed at the end.
 
@@ -33,7 +33,6 @@ import pickle
 import shutil
 import uuid
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -42,8 +41,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
-from . import export as _export
+from ._export_options import ExportOptions
+from ._export_policy import ExportCounts, accept_episode
+from ._export_pool import init_worker, log_levels, replay_records, run_job
+from ._export_writer import ExportWriter, Writer, private_files
 from ._tokenize import ChatTokenizer
+from .export import export_runs
 
 __all__ = ["RayEpisodes", "export_runs_ray"]
 
@@ -67,9 +70,9 @@ class _EpisodeActor:
     """One Ray actor's export context; a batch of pickled jobs → pickled results: the
     rows spilled into ``spill`` (``None``: sent back whole)."""
 
-    def __init__(self, logs: list[Path], tok: ChatTokenizer, opts: _export.ExportOptions,
+    def __init__(self, logs: list[Path], tok: ChatTokenizer, opts: ExportOptions,
                  levels: dict[str, int], disable: int, spill: str | None) -> None:
-        _export._init_worker(logs, tok, opts, levels, disable)
+        init_worker(logs, tok, opts, levels, disable)
         self.opts, self.spill = opts, spill
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -78,10 +81,10 @@ class _EpisodeActor:
         path = None if self.spill is None else os.path.join(self.spill, uuid.uuid4().hex)
         for raw in batch["job"]:
             try:
-                done = _export._run_job(pickle.loads(raw))
+                done = run_job(pickle.loads(raw))
                 if path is not None:
-                    done.counted = _export._Counts()
-                    done.kept = _export._accept(done, self.opts, done.counted, None)
+                    done.counted = ExportCounts()
+                    done.kept = accept_episode(done, self.opts, done.counted, None)
                     rows, done.rows = done.rows, []
                     if done.kept:
                         done.rows = _Spilled(path, len(spilled), len(rows))  # type: ignore[assignment]
@@ -91,18 +94,18 @@ class _EpisodeActor:
                 result = (False, exc)
             out.append(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         if path is not None and spilled:
-            with _export._private_files(), open(path, "wb") as f:
+            with private_files(), open(path, "wb") as f:
                 pickle.dump(spilled, f, protocol=pickle.HIGHEST_PROTOCOL)
         return {"done": np.array(out, dtype=object)}
 
 
-def _write_shard(out: str, opts: _export.ExportOptions, number: int,
+def _write_shard(out: str, opts: ExportOptions, number: int,
                  episodes: list[_Spilled]) -> None:
     """On a Ray worker: shard ``number`` of the export, its episodes' rows read from the
     spill files, written by the local export's writer (the same bytes)."""
     loaded: dict[str, list[Any]] = {}
-    with _export._private_files():
-        writer = _export._Writer(Path(out), opts, episodes=False, first_shard=number)
+    with private_files():
+        writer = ExportWriter(Path(out), opts, episodes=False, first_shard=number)
         try:
             for spilled in episodes:
                 if spilled.path not in loaded:
@@ -113,11 +116,11 @@ def _write_shard(out: str, opts: _export.ExportOptions, number: int,
             writer.close()
 
 
-class _RayWriter(_export._Writer):
+class _RayWriter(ExportWriter):
     """The driver's writer: the episode table, and the shard cuts; each complete shard is
     written by a Ray task (``_write_shard``), up to ``parallel`` at once."""
 
-    def __init__(self, out: Path, opts: _export.ExportOptions, spill: Path,
+    def __init__(self, out: Path, opts: ExportOptions, spill: Path,
                  parallel: int) -> None:
         super().__init__(out, opts)
         self.spill, self.parallel = spill, parallel
@@ -131,7 +134,7 @@ class _RayWriter(_export._Writer):
             self._current = []
         self.files[-1]["rows"] += len(spilled)
         self._current.append(spilled)
-        self._add_episode(episode)
+        self.add_episode(episode)
 
     def end_group(self) -> None:
         if self._current is not None and self.files[-1]["rows"] >= self.opts.rows_per_shard:
@@ -178,15 +181,15 @@ class RayEpisodes:
         self._workers = workers
         self._spill: Path | None = None
 
-    def writer(self, out: Path, opts: _export.ExportOptions) -> _export._Writer:
+    def writer(self, out: Path, opts: ExportOptions) -> Writer:
         """``export_runs`` asks its runner for the writer: shards written by Ray tasks
         (the driver's own writer when logprobs are recomputed on the driver)."""
         if opts.recompute_logprobs is not None or not self.workers_write:
-            return _export._Writer(out, opts)
+            return ExportWriter(out, opts)
         import ray
 
         self._spill = out / f".ray-spill-{uuid.uuid4().hex}"
-        with _export._private_files():
+        with private_files():
             self._spill.mkdir()
         cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]  # ray: no annotations
         return _RayWriter(out, opts, self._spill, max(1, self._requested or cpus))
@@ -216,7 +219,7 @@ class RayEpisodes:
         try:
             dataset = ray.data.from_items(items, override_num_blocks=blocks).map_batches(
                 _EpisodeActor, batch_size=self.batch_size, batch_format="numpy",
-                fn_constructor_args=(ctx.logs, ctx.tok, ctx.opts, _export._log_levels(),
+                fn_constructor_args=(ctx.logs, ctx.tok, ctx.opts, log_levels(),
                                      logging.root.manager.disable,
                                      None if self._spill is None else str(self._spill)),
                 compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1)
@@ -225,9 +228,7 @@ class RayEpisodes:
                     ok, value = pickle.loads(raw)
                     if not ok:
                         raise value
-                    future: Future[Any] = Future()
-                    future.set_result(value)
-                    yield _export._Episodes._take(future)  # its log records, as a worker's
+                    yield replay_records(value)  # its log records, as a worker's
         finally:
             (data.execution_options.preserve_order, data.enable_progress_bars,
              data.print_on_execution_start) = saved
@@ -237,7 +238,7 @@ def export_runs_ray(
     runs: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
     tokenizer: ChatTokenizer | str | os.PathLike[str],
-    options: _export.ExportOptions | None = None,
+    options: ExportOptions | None = None,
     *,
     address: str | None = None,
     num_cpus: int | None = None,
@@ -266,7 +267,7 @@ def export_runs_ray(
                  num_cpus=None if address else num_cpus,  # a cluster has its own
                  logging_level=logging.WARNING, log_to_driver=False)
     try:
-        return _export.export_runs(runs, out_dir, tokenizer, options,
+        return export_runs(runs, out_dir, tokenizer, options,
                                    runner=partial(RayEpisodes, batch_size=batch_size,
                                                   workers_write=workers_write),
                                    keep_events=keep_events)
