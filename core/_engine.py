@@ -62,7 +62,7 @@ from ._tokens import MessageMeter, TokenCounter, make_counter
 from ._turns import loop_start, problems, split_turns, starts_with_thinking, thinking_loop_error
 from .dialects._base import Dialect
 from .errors import AgentCompactError, ConfigError, DialectError, OverBudgetError, PluginError
-from .strategies._base import CompactionRequest, Rendered
+from .strategies._base import TRUNCATABLE_TOKENS, CompactionRequest, Rendered
 from .strategies._cliff import CliffStrategy
 
 __all__ = ["CompactionResult", "Engine", "describe_error"]
@@ -71,7 +71,6 @@ log = logging.getLogger("agentcompact")
 _P = ParamSpec("_P")
 
 _TAIL_SHARE = 0.75  # kept turns may use this share of the target; the rest is for rendering
-_TRUNCATE_FLOOR = 1_000  # tokens: kept messages above this may be truncated (last resort)
 _FLOOR_SHARE = 0.15  # the strategy's floor takes at most this of the trigger (fixed part aside)
 _FLOOR_MIN = 1_000  # ... or this, when it is more (never over the target, though)
 #: a large tool output of the newest kept turn, whole at a compaction because the agent has
@@ -455,12 +454,13 @@ class Engine:
             f"{name}:{self._pm.get_name(impl.plugin)}:{impl.function.__qualname__}"
             for name in _FINGERPRINT_HOOKS
             for impl in getattr(self._pm.hook, name).get_hookimpls())
-        parts = ["agentcompact-store-2", self.strategy_name,
-                 f"{type(strategy).__module__}.{type(strategy).__qualname__}", settings,
-                 repr(self._budget), self._dialect.name,
-                 f"{type(self._dialect).__module__}.{type(self._dialect).__qualname__}",
+        # classes by qualified name, never by module path: moving a module must not start
+        # every persistent store cold (a class of another name still keys apart)
+        parts = ["agentcompact-store-3", self.strategy_name, type(strategy).__qualname__,
+                 settings, repr(self._budget), self._dialect.name,
+                 type(self._dialect).__qualname__,
                  str(getattr(self._counter, "name", type(self._counter).__qualname__)),
-                 "True", *plugins]  # "True": output validated (always; kept: same keys)
+                 *plugins]
         return xxhash.xxh3_128_hexdigest("\x00".join(parts).encode("utf-8", "surrogatepass"))
 
     def new_episode(self, episode_id: str | None = None) -> str:
@@ -908,10 +908,10 @@ class Engine:
 
     def _foldable(self, view: _View, start: int, c: int, pins: Sequence[int]) -> list[int]:
         """The tool outputs of the newest turn ``[start, c)`` the fold would truncate once
-        the agent has read them: over ``_TRUNCATE_FLOOR`` tokens (the cliff strategy
+        the agent has read them: over ``TRUNCATABLE_TOKENS`` tokens (the cliff strategy
         archives those originals), not pinned."""
         msgs, role = view.messages, self._dialect.role
-        return [i for i in range(start, c) if view.tokens[i] > _TRUNCATE_FLOOR
+        return [i for i in range(start, c) if view.tokens[i] > TRUNCATABLE_TOKENS
                 and i not in pins and not self._kept_type(msgs[i]) and role(msgs[i]) == "tool"]
 
     def _fold_due(self, view: _View, state: _State, n: int) -> bool:
@@ -1120,13 +1120,13 @@ class Engine:
                 saved = 0
                 for i in sorted(group, key=lambda i: -size[i]):
                     current = size[i]
-                    if excess <= 0 or current <= _TRUNCATE_FLOOR // 2:
+                    if excess <= 0 or current <= TRUNCATABLE_TOKENS // 2:
                         break
-                    if view.tokens[i] <= _TRUNCATE_FLOOR or self._kept_type(msgs[i]):
+                    if view.tokens[i] <= TRUNCATABLE_TOKENS or self._kept_type(msgs[i]):
                         continue
                     if tool_only and self._dialect.role(msgs[i]) != "tool":
                         continue
-                    keep_tokens = max(_TRUNCATE_FLOOR // 2, current - excess)
+                    keep_tokens = max(TRUNCATABLE_TOKENS // 2, current - excess)
                     copy, new_tokens = self._shrink(msgs[i], view.tokens[i], keep_tokens)
                     if copy is msgs[i] or new_tokens >= current:
                         continue

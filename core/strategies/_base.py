@@ -23,7 +23,13 @@ if TYPE_CHECKING:
     from .._tokens import MessageMeter
     from ..dialects._base import Dialect
 
-__all__ = ["CompactionRequest", "Rendered", "Strategy"]
+__all__ = ["TRUNCATABLE_TOKENS", "CompactionRequest", "Rendered", "Strategy"]
+
+#: tokens: a kept message over this many the engine may head+tail truncate (to make room,
+#: or to fold a read tool output), and the strategy archives its originals so the handle a
+#: truncation names can be expanded. One value for both sides: an engine truncating below
+#: what the strategy archives would name handles nothing can find.
+TRUNCATABLE_TOKENS = 1_000
 
 
 @dataclass(frozen=True)
