@@ -20,6 +20,7 @@ from .._pins import pinned_texts
 if TYPE_CHECKING:
     import pluggy
 
+    from .._history import History
     from .._tokens import MessageMeter
     from ..dialects._base import Dialect
 
@@ -75,6 +76,11 @@ class CompactionRequest:
     """Pins of the span past the pin budget, the oldest (``agentcompact._pins``): a strategy
     renders them like any other message; the cliff strategy keeps at least their skim
     line."""
+    history: History | None = field(default=None, repr=False, compare=False)
+    """The engine's facts of the whole history the messages are a prefix of
+    (``agentcompact._history.History``: digests, token counts, prefix sums, turn starts),
+    so a strategy reads them instead of deriving them again; ``None`` for a request built
+    elsewhere (a strategy then derives what it needs from :attr:`messages`)."""
 
     def keeps(self, index: int) -> bool:
         """True when the engine itself sends ``messages[index]`` verbatim: render nothing

@@ -212,7 +212,9 @@ class CliffStrategy:
                          self._texts)
         if self._blocks.levels != self.levels:  # entries are by level index
             self._blocks = _BlockCache(self.levels)
-        measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
+        history = request.history  # the engine's counts, when given
+        measured = ([history.tokens[it.index] for it in items] if history is not None else
+                    request.meter.measure([request.messages[it.index] for it in items]).tokens)
         self._texts.hold(len(request.messages), sum(measured))
         self._blocks.hold(len(items), sum(measured))
         scan = self._scan = _Scan.of(request.dialect, request.messages, self._texts,
@@ -1090,8 +1092,11 @@ def _tail_items(request: CompactionRequest) -> list[ArchivedItem]:
     dialect = request.dialect
     texts_of = getattr(dialect, "truncation_texts", None) or (
         lambda m: [p.text for p in dialect.parts(m) if p.kind in ("text", "tool_result")])
+    history = request.history
+    counts = (history.tokens[request.cut:len(request.messages)] if history is not None
+              else request.meter.measure(tail).tokens)  # the engine's counts, when given
     out = []
-    for message, tokens in zip(tail, request.meter.measure(tail).tokens):
+    for message, tokens in zip(tail, counts):
         if tokens <= TRUNCATABLE_TOKENS:
             continue
         for text in texts_of(message):
