@@ -22,7 +22,7 @@ from typing import Any
 
 from .dialects._base import Dialect
 
-__all__ = ["HARNESS_TAGS", "PIN_SHARE", "bound_pins", "pinned_texts", "split_injected",
+__all__ = ["HARNESS_TAGS", "PIN_SHARE", "PinLookup", "bound_pins", "pinned_texts", "split_injected",
            "typed_pieces"]
 
 #: The share of the target the pinned text of one compaction message may take (of
@@ -95,3 +95,71 @@ def bound_pins(pins: Sequence[int], tokens: Mapping[int, int], budget: int
             return tuple(reversed(kept)), tuple(pins[: len(pins) - k])
         kept.append(i)
     return tuple(reversed(kept)), ()
+
+
+_PIN_MEMO_MAX = 200_000  # pin answers remembered (more: forgotten, asked again)
+
+
+class PinLookup:
+    """The seam where pins are found: the ``agentcompact_pin`` hook's answer for each
+    message and index, and each pin's pinned text and its tokens, remembered by the
+    message's identity (the engine takes messages as immutable values; an entry holds its
+    message, so its id stays its). The hook is asked once per message and index: its
+    answer is a function of the message, its index and the dialect, as the store keys
+    already assume (a stored compaction is reused without asking again). Answers hold for
+    the plugin set they came from: :meth:`forget` when it changes."""
+
+    def __init__(self, pm: Any, dialect: Dialect, counter: Any) -> None:
+        self._hook = pm.hook.agentcompact_pin
+        self._dialect = dialect
+        self._counter = counter
+        self._answers: dict[int, tuple[Any, int, bool]] = {}
+        self._texts: dict[int, tuple[Any, tuple[str, ...], int]] = {}
+
+    def forget(self) -> None:
+        """Forget the hook's answers (the plugin set changed)."""
+        self._answers = {}
+
+    def within(self, messages: Sequence[Any], lo: int, hi: int) -> tuple[int, ...]:
+        """Indices in ``[lo, hi)`` a plugin pins (synthetic messages never are)."""
+        hook = self._hook
+        if not hook.get_hookimpls():
+            return ()
+        memo = self._answers
+        if len(memo) > _PIN_MEMO_MAX:
+            memo.clear()
+        dialect = self._dialect
+        out = []
+        for i in range(lo, hi):
+            message = messages[i]
+            found = memo.get(id(message))
+            if found is not None and found[0] is message and found[1] == i:
+                pinned = found[2]
+            else:
+                pinned = not dialect.is_synthetic(message) and any(
+                    r is True for r in hook(message=message, index=i, dialect=dialect))
+                memo[id(message)] = (message, i, pinned)
+            if pinned:
+                out.append(i)
+        return tuple(out)
+
+    def text(self, message: Any) -> tuple[tuple[str, ...], int]:
+        """The pinned text of ``message`` (:func:`pinned_texts`) and its tokens."""
+        memo = self._texts
+        found = memo.get(id(message))
+        if found is not None and found[0] is message:
+            return found[1], found[2]
+        if len(memo) > _PIN_MEMO_MAX:
+            memo.clear()
+        texts = pinned_texts(self._dialect, message)
+        tokens = sum(self._counter.count_texts(list(texts))) if texts else 0
+        memo[id(message)] = (message, texts, tokens)
+        return texts, tokens
+
+    def keeps_pinned(self, message: Any, copy: Any) -> bool:
+        """Whether the truncated ``copy`` of pinned ``message`` holds its pinned text."""
+        try:
+            text = self._dialect.text_of(copy)
+            return all(t in text for t in self.text(message)[0])
+        except Exception:
+            return False

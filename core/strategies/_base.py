@@ -20,10 +20,17 @@ from .._pins import pinned_texts
 if TYPE_CHECKING:
     import pluggy
 
+    from .._history import History
     from .._tokens import MessageMeter
     from ..dialects._base import Dialect
 
-__all__ = ["CompactionRequest", "Rendered", "Strategy"]
+__all__ = ["TRUNCATABLE_TOKENS", "CompactionRequest", "Rendered", "Strategy"]
+
+#: tokens: a kept message over this many the engine may head+tail truncate (to make room,
+#: or to fold a read tool output), and the strategy archives its originals so the handle a
+#: truncation names can be expanded. One value for both sides: an engine truncating below
+#: what the strategy archives would name handles nothing can find.
+TRUNCATABLE_TOKENS = 1_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,11 @@ class CompactionRequest:
     """Pins of the span past the pin budget, the oldest (``agentcompact._pins``): a strategy
     renders them like any other message; the cliff strategy keeps at least their skim
     line."""
+    history: History | None = field(default=None, repr=False, compare=False)
+    """The engine's facts of the whole history the messages are a prefix of
+    (``agentcompact._history.History``: digests, token counts, prefix sums, turn starts),
+    so a strategy reads them instead of deriving them again; ``None`` for a request built
+    elsewhere (a strategy then derives what it needs from :attr:`messages`)."""
 
     def keeps(self, index: int) -> bool:
         """True when the engine itself sends ``messages[index]`` verbatim: render nothing

@@ -73,7 +73,7 @@ from ..dialects._base import (
     truncation_pieces,
 )
 from ..errors import PluginError
-from ._base import CompactionRequest, Rendered
+from ._base import TRUNCATABLE_TOKENS, CompactionRequest, Rendered
 
 __all__ = ["DEFAULT_LEVELS", "CliffLevel", "CliffStrategy", "Seg", "render_segments"]
 
@@ -85,7 +85,6 @@ _LABELS = {"user": "[user]", "assistant": "[assistant]", "tool": "[tool result]"
            "system": "[system]", "developer": "[developer]"}
 _EXCERPT = 80  # characters of a call's arguments in a skim line
 _KEY_ARGS = ("file_path", "path", "notebook_path", "command", "cmd", "url", "pattern")
-_TAIL_TRUNCATABLE = 1_000  # tokens: kept messages above this the engine may truncate
 _TAIL_MIN_CHARS = 200  # ... down to about this many characters a part
 
 
@@ -213,7 +212,9 @@ class CliffStrategy:
                          self._texts)
         if self._blocks.levels != self.levels:  # entries are by level index
             self._blocks = _BlockCache(self.levels)
-        measured = request.meter.measure([request.messages[it.index] for it in items]).tokens
+        history = request.history  # the engine's counts, when given
+        measured = ([history.tokens[it.index] for it in items] if history is not None else
+                    request.meter.measure([request.messages[it.index] for it in items]).tokens)
         self._texts.hold(len(request.messages), sum(measured))
         self._blocks.hold(len(items), sum(measured))
         scan = self._scan = _Scan.of(request.dialect, request.messages, self._texts,
@@ -1084,16 +1085,19 @@ def _render(request: CompactionRequest, context: _Context, item: _Item, caps: Cl
 
 
 def _tail_items(request: CompactionRequest) -> list[ArchivedItem]:
-    """Originals of the kept messages the engine may truncate (over ``_TAIL_TRUNCATABLE``
+    """Originals of the kept messages the engine may truncate (over ``TRUNCATABLE_TOKENS``
     tokens): ``Dialect.truncate`` names their handle, so an expand must find them
     (``Dialect.truncation_texts``: the texts it may cut, one by one)."""
     tail = request.messages[request.cut:]
     dialect = request.dialect
     texts_of = getattr(dialect, "truncation_texts", None) or (
         lambda m: [p.text for p in dialect.parts(m) if p.kind in ("text", "tool_result")])
+    history = request.history
+    counts = (history.tokens[request.cut:len(request.messages)] if history is not None
+              else request.meter.measure(tail).tokens)  # the engine's counts, when given
     out = []
-    for message, tokens in zip(tail, request.meter.measure(tail).tokens):
-        if tokens <= _TAIL_TRUNCATABLE:
+    for message, tokens in zip(tail, counts):
+        if tokens <= TRUNCATABLE_TOKENS:
             continue
         for text in texts_of(message):
             if len(text) > _TAIL_MIN_CHARS:

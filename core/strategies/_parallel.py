@@ -202,10 +202,16 @@ class ParallelStrategy:
         if budget < self.min_block_output_tokens:
             raise CompactionError(f"parallel: budget {budget} tokens is below "
                                   f"min_block_output_tokens={self.min_block_output_tokens}")
-        measured = request.meter.measure(request.messages[: request.cut])
-        ctx = _Context(request, measured.digests, measured.tokens, self._prompt_id(request))
-        starts = split_turns(request.messages[: request.cut], request.dialect).starts
-        units = _units(starts, request.head_len, request.cut, measured.tokens)
+        history = request.history
+        if history is not None:  # the engine's facts of the history
+            digests, tokens = history.digests[: request.cut], history.tokens[: request.cut]
+            starts = history.turn_starts(request.cut)
+        else:
+            measured = request.meter.measure(request.messages[: request.cut])
+            digests, tokens = measured.digests, measured.tokens
+            starts = split_turns(request.messages[: request.cut], request.dialect).starts
+        ctx = _Context(request, digests, tokens, self._prompt_id(request))
+        units = _units(starts, request.head_len, request.cut, tokens)
         earlier = [u for u in units if u[1] <= request.span_start]
         span = [u for u in units if u[0] >= request.span_start]
         blocks = self._recover(ctx, earlier)

@@ -300,7 +300,7 @@ def test_the_engine_hands_the_strategy_its_pins() -> None:
 def test_the_engine_asks_the_pin_hook_once_per_message() -> None:
     """The engine remembers each message's pin answer (by identity and index): a history
     that grew asks the hook about its new messages only, the same pins as asking every
-    message afresh (``_pins`` of an engine with an empty memo); a plugin registered later
+    message afresh (the ``PinLookup`` of an engine with an empty memo); a plugin registered later
     is asked about every message again (the memo belongs to a plugin set)."""
     pm = new_plugin_manager()
     asked: list[int] = []
@@ -312,9 +312,8 @@ def test_the_engine_asks_the_pin_hook_once_per_message() -> None:
         compactions += engine.compact(msgs[:c]).compacted
     assert compactions >= 2
     assert len(asked) == len(set(asked))  # never about one message twice
-    view = engine._view(msgs)
     fresh = Engine("cliff", "openai_chat", Budget(8000, 6000), plugins=pm)
-    assert engine._pins(view, 1, len(msgs)) == fresh._pins(fresh._view(msgs), 1, len(msgs))
+    assert engine._pins.within(msgs, 1, len(msgs)) == fresh._pins.within(msgs, 1, len(msgs))
 
     later: list[int] = []
 
@@ -325,5 +324,6 @@ def test_the_engine_asks_the_pin_hook_once_per_message() -> None:
             return index == 4
 
     pm.register(Late())
-    pins = engine._pins(engine._view(msgs), 1, len(msgs))
+    engine._history(msgs)  # a call notices the new plugin set
+    pins = engine._pins.within(msgs, 1, len(msgs))
     assert 4 in pins and later  # the new plugin set is asked

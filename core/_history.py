@@ -1,0 +1,232 @@
+"""The history of one call, measured once: the per-message facts every layer reads.
+
+A :class:`History` holds, for each message of one call's history, its digest and token
+count, the chain digest of every prefix (the prefix-store key), the prefix sums of the
+counts, and, derived on first read, whether it is model output (so the turn starts). The
+engine's planner, checker and fold, and the strategies (``CompactionRequest.history``),
+read these instead of deriving them again.
+
+:class:`HistoryCache` is the seam where histories are built: it extends the last call's
+history when the new call's messages start with the same objects (an agent's growing
+list; the proxy's interned parse), so a call costs what is new in it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._interner import same_objects
+from ._store import chain_digests, extend_chain
+
+if TYPE_CHECKING:
+    from ._tokens import MessageMeter
+    from .dialects._base import Dialect
+
+__all__ = ["History", "HistoryCache"]
+
+
+class _ModelFlags:
+    """Whether each message is model output, and the turn starts, filled on first read up
+    to the length asked for. Shared by the histories of one growing list (each reads the
+    entries of its own messages only, which never change)."""
+
+    __slots__ = ("flags", "lock", "starts")
+
+    def __init__(self, flags: list[bool] | None = None, starts: list[int] | None = None
+                 ) -> None:
+        self.flags = flags if flags is not None else []
+        self.starts = starts if starts is not None else []
+        self.lock = threading.Lock()  # histories of one list may be read from two threads
+
+    def upto(self, messages: Sequence[Any], dialect: Dialect, end: int) -> None:
+        flags, starts = self.flags, self.starts
+        if len(flags) >= end:
+            return
+        is_model = dialect.is_model_output
+        with self.lock:
+            for i in range(len(flags), end):
+                model = is_model(messages[i])
+                if model and not (i and flags[i - 1]):
+                    starts.append(i)
+                flags.append(model)
+
+    def prefix(self, k: int) -> _ModelFlags:
+        """The flags of the first ``k`` messages only (a history that differs from ``k``)."""
+        flags = self.flags[:k]
+        return _ModelFlags(flags, [s for s in self.starts if s < len(flags)])
+
+
+@dataclass
+class History:
+    """One call's messages and their facts (see the module docstring).
+
+    ``tokens[i]`` is 0 while message ``i`` is in ``pending`` (not counted yet: an upper
+    bound of its count), which :meth:`HistoryCache.resolve` counts; ``prefix[i]`` is the
+    tokens of ``messages[:i]``; ``chain[i]`` the chain digest of ``messages[:i + 1]``;
+    ``fixed`` the tokens sent besides the messages (system prompt, tool schemas).
+    """
+
+    messages: list[Any]
+    digests: list[str]
+    tokens: list[int]
+    chain: list[str]
+    prefix: list[int]
+    dialect: Dialect
+    meter: MessageMeter
+    fixed: int = 0
+    pending: dict[int, int] = field(default_factory=dict)
+    _model: _ModelFlags = field(default_factory=_ModelFlags, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def is_model(self, i: int) -> bool:
+        """Whether ``messages[i]`` is model output (``Dialect.is_model_output``)."""
+        self._model.upto(self.messages, self.dialect, i + 1)
+        return self._model.flags[i]
+
+    def turn_starts(self, end: int | None = None) -> tuple[int, ...]:
+        """The turn starts of ``messages[:end]`` (``split_turns(...).starts``)."""
+        end = len(self.messages) if end is None else end
+        model = self._model
+        model.upto(self.messages, self.dialect, end)
+        starts = model.starts
+        if starts and starts[-1] >= end:
+            return tuple(s for s in starts if s < end)
+        return tuple(starts)
+
+    def turn_start(self, i: int) -> bool:
+        """Whether a turn starts at ``messages[i]``."""
+        return self.is_model(i) and (i == 0 or not self.is_model(i - 1))
+
+    def newest_turn(self, lo: int, hi: int) -> int:
+        """Where the newest turn of ``messages[lo:hi]`` starts (``lo`` if none does)."""
+        return max((s for s in range(lo, hi) if self.turn_start(s)), default=lo)
+
+    def grown_only(self) -> bool:
+        """Whether the lists hold this history's entries and no more (no later history
+        extended them in place: :meth:`HistoryCache.extend` may)."""
+        m = len(self.messages)
+        return (len(self.digests) == len(self.tokens) == len(self.chain) == m
+                == len(self.prefix) - 1)
+
+
+class HistoryCache:
+    """Builds each call's :class:`History`, from the last call's where they share leading
+    messages (by identity). Not thread-safe: the engine calls it under its lock."""
+
+    def __init__(self, meter: MessageMeter) -> None:
+        self._meter = meter
+        self._last: History | None = None
+        self.seed = ""
+
+    def forget(self, seed: str) -> None:
+        """Start afresh with chain digests seeded with ``seed`` (a new store scope)."""
+        self.seed = seed
+        self._last = None
+
+    def extend(self, messages: Sequence[Any]) -> History:
+        """The history of ``messages`` (the new messages measured deferred:
+        :meth:`MessageMeter.measure_deferred`)."""
+        msgs = list(messages)
+        last = self._last
+        if last is None:
+            measured, pending = self._meter.measure_deferred(msgs)
+            digests, tokens = measured.digests, measured.tokens
+            history = History(msgs, digests, tokens, chain_digests(digests, seed=self.seed),
+                              [0, *itertools.accumulate(tokens)], self._meter.dialect,
+                              self._meter, pending=pending)
+        else:
+            history = self._extend(last, msgs)
+        self._last = history
+        return history
+
+    def resolve(self, history: History) -> History:
+        """``history`` with its pending messages counted (``history`` itself when none is)."""
+        if not history.pending:
+            return history
+        at = sorted(history.pending)
+        msgs, digests = history.messages, history.digests
+        counts = self._meter.count_deferred([msgs[i] for i in at], [digests[i] for i in at])
+        tokens = list(history.tokens)
+        for i, count in zip(at, counts):
+            tokens[i] = count
+        resolved = History(msgs, digests, tokens, history.chain,
+                           _prefix_sums(history.prefix, tokens, at[0]), history.dialect,
+                           history.meter, history.fixed, _model=history._model)
+        if self._last is history:
+            self._last = resolved
+        return resolved
+
+    def _extend(self, last: History, msgs: list[Any]) -> History:
+        """The history of ``msgs``, reusing ``last``'s figures for the leading messages
+        that are the same objects (an in-process agent's growing list; the proxy's parser
+        hands back the earlier objects for unchanged messages, and :class:`~agentcompact.
+        _interner.Interner` does for other callers parsing requests afresh). The rest is
+        measured (``MessageMeter`` caches by identity and by digest)."""
+        k = same_objects(msgs, last.messages)
+        if k == len(last.messages) and last.grown_only():
+            return self._grow(last, msgs)
+        digests = last.digests[:k]
+        tokens = last.tokens[:k]
+        pending = last.pending
+        if pending and k < len(last.messages):  # the last messages from k on differ
+            pending = {i: b for i, b in pending.items() if i < k}
+        else:
+            pending = dict(pending)
+        if len(msgs) > k:
+            self._measure_onto(msgs, k, digests, tokens, pending)
+        # the chain and the prefix sums are recomputed from the first changed message
+        chain = chain_digests(digests, last.chain[: _common(digests, last.digests, k)],
+                              seed=self.seed)
+        prefix = _prefix_sums(last.prefix, tokens, _common(tokens, last.tokens, k))
+        return History(msgs, digests, tokens, chain, prefix, last.dialect, last.meter,
+                       pending=pending, _model=last._model.prefix(k))
+
+    def _grow(self, last: History, msgs: list[Any]) -> History:
+        """The history of ``msgs``, the messages of ``last`` followed by new ones:
+        ``last``'s lists are extended in place, not copied (a history reads only the
+        entries of its own messages, which never change; an older one sharing the lists
+        sees what it saw). Copying them cost a pass over every message at every call."""
+        m = len(last.messages)
+        digests, tokens, chain, prefix = last.digests, last.tokens, last.chain, last.prefix
+        pending = dict(last.pending)
+        if len(msgs) > m:
+            self._measure_onto(msgs, m, digests, tokens, pending)
+            extend_chain(chain, digests[m:], self.seed)
+            sums = itertools.accumulate(tokens[m:], initial=prefix[-1])
+            next(sums)  # the initial value: prefix[m], there already
+            prefix += sums
+        return History(msgs, digests, tokens, chain, prefix, last.dialect, last.meter,
+                       pending=pending, _model=last._model)
+
+    def _measure_onto(self, msgs: list[Any], k: int, digests: list[str], tokens: list[int],
+                      pending: dict[int, int]) -> None:
+        """Measure ``msgs[k:]`` (deferred) onto the lists of ``msgs[:k]``'s digests and
+        counts, and their byte bounds into ``pending``."""
+        measured, new = self._meter.measure_deferred(msgs[k:])
+        digests += measured.digests
+        tokens += measured.tokens
+        for i, bound in new.items():
+            pending[k + i] = bound
+
+
+def _common(a: list[Any], b: list[Any], k: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, known to be at least ``k``."""
+    m = min(len(a), len(b))
+    if a[k:m] == b[k:m]:  # list compares run in C (identity first)
+        return m
+    return next(i for i in range(k, m) if a[i] != b[i])
+
+
+def _prefix_sums(prefix: list[int], tokens: list[int], t: int) -> list[int]:
+    """The prefix sums of ``tokens`` (``out[i]`` = tokens of the first ``i``), reusing
+    ``prefix``'s first ``t + 1`` (``tokens[:t]`` is unchanged since it was computed)."""
+    out = prefix[: t + 1]
+    out += itertools.accumulate(tokens[t:], initial=out[-1])
+    del out[t + 1]  # accumulate repeats its initial value
+    return out
