@@ -11,13 +11,14 @@
   how long the proxy takes to exit on SIGTERM right after a 100 MB recorded answer.
 * ``history``: the first request of a session carrying 4,000 and 8,000 turns (``--turns``; agent
   turns with ~600-token tool results; default proxy settings), the time until it is
-  answered (the upstream answers at once): the ratio of the two.
+  answered (the upstream answers at once) and the proxy's CPU time for it, ``--repeats``
+  times (new sessions, histories of their own): the ratios of the medians.
 
 Prints one line per figure. The machine's load is printed too: on a shared machine the
 absolute times vary, compare the figures of one run.
 
     TIKTOKEN_CACHE_DIR=... python benchmarks/proxy_faults.py [--only store,record,history]
-        [--hold 30] [--big-mb 150] [--keep-memory MIB]
+        [--hold 30] [--big-mb 150] [--turns 4000] [--repeats 3] [--keep-memory MIB]
 """
 
 from __future__ import annotations
@@ -320,23 +321,45 @@ def record_figures(big_mb: int, keep: list[str]) -> None:
 
 
 # --- history -----------------------------------------------------------------------------
-def history_figures(smaller: int) -> None:
+def cpu_s(pid: int) -> float:
+    """CPU seconds the process has used, all its threads (user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def history_figures(smaller: int, repeats: int) -> None:
+    """Each repeat sends both histories as first requests of new sessions, each history
+    with its own task text (no prefix the store or the body cache knows); the medians of
+    the repeats, wall time and the proxy's CPU time (steadier than wall time on a shared
+    machine)."""
+    sizes = (smaller, 2 * smaller)
+    wall: dict[int, list[float]] = {n: [] for n in sizes}
+    cpu: dict[int, list[float]] = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory() as tmp, sim() as fast, \
-            proxy(Path(tmp), openai=fast, anthropic=fast) as (url, _):
-        times = {}
-        for turns in (smaller, 2 * smaller):
-            body = orjson.dumps({"model": "m", "max_tokens": 64,
-                                 "messages": anthropic_history(turns, result_tokens=600)})
-            t0 = time.monotonic()
-            answer = httpx.post(url + "/v1/messages", content=body, timeout=900,
-                                headers={"x-session-id": f"history-{turns}",
-                                         "content-type": "application/json"})
-            times[turns] = time.monotonic() - t0
-            assert answer.status_code == 200
-            print(f"history: first request of {turns:,} turns ({len(body) / 1e6:.1f} MB) "
-                  f"answered in {times[turns]:.2f} s")
-    print(f"history: {2 * smaller:,} over {smaller:,} turns: "
-          f"{times[2 * smaller] / times[smaller]:.2f}x")
+            proxy(Path(tmp), openai=fast, anthropic=fast) as (url, proc):
+        for rep in range(repeats):
+            for turns in sizes:
+                messages = anthropic_history(turns, result_tokens=600)
+                messages[0] = {**messages[0], "content": f"{messages[0]['content']} (run {rep})"}
+                body = orjson.dumps({"model": "m", "max_tokens": 64, "messages": messages})
+                del messages
+                c0, t0 = cpu_s(proc.pid), time.monotonic()
+                answer = httpx.post(url + "/v1/messages", content=body, timeout=900,
+                                    headers={"x-session-id": f"history-{turns}-{rep}",
+                                             "content-type": "application/json"})
+                wall[turns].append(time.monotonic() - t0)
+                cpu[turns].append(cpu_s(proc.pid) - c0)
+                assert answer.status_code == 200
+                print(f"history: first request of {turns:,} turns ({len(body) / 1e6:.1f} MB) "
+                      f"answered in {wall[turns][-1]:.2f} s, proxy CPU {cpu[turns][-1]:.2f} s "
+                      f"(load {load()})", flush=True)
+    big, small = 2 * smaller, smaller
+    ratio = statistics.median(wall[big]) / statistics.median(wall[small])
+    cpu_ratio = statistics.median(cpu[big]) / statistics.median(cpu[small])
+    print(f"history: {big:,} over {small:,} turns, medians of {repeats}: wall {ratio:.2f}x "
+          f"({statistics.median(wall[big]):.2f} / {statistics.median(wall[small]):.2f} s), "
+          f"proxy CPU {cpu_ratio:.2f}x ({statistics.median(cpu[big]):.2f} / "
+          f"{statistics.median(cpu[small]):.2f} s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big-mb", type=int, default=150, help="the large recorded answer")
     parser.add_argument("--turns", type=int, default=4_000,
                         help="history: the smaller history (the larger has twice as many)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="history: repeats of the pair (the medians are compared)")
     parser.add_argument("--keep-memory", type=int, metavar="MIB",
                         help="the proxy's --keep-memory (default: its own, 128 MiB of freed "
                              "memory kept for the next large body)")
@@ -359,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         keep = [] if args.keep_memory is None else ["--keep-memory", str(args.keep_memory)]
         record_figures(args.big_mb, keep)
     if "history" in parts:
-        history_figures(args.turns)
+        history_figures(args.turns, args.repeats)
     print(f"load average at the end {load()}")
     return 0
 

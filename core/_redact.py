@@ -43,6 +43,7 @@ field named as one is removed. Redaction copies: the input is never mutated.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -79,10 +80,22 @@ def _normal(key: str) -> str:
 
 def is_secret_key(key: object) -> bool:
     """Whether a mapping key (or a header name) names a secret under this policy."""
-    if not isinstance(key, str):
-        return False
+    return isinstance(key, str) and _key_kind(key) == _SECRET
+
+
+_SECRET, _ID, _PLAIN = 2, 1, 0
+
+
+# The keys of a recorded call repeat (``role``, ``content``, ``type``… in every message,
+# ``token`` and ``logprob`` in every logprob entry): their kind is computed once.
+@functools.lru_cache(maxsize=4096)
+def _key_kind(key: str) -> int:
+    """:data:`_SECRET` for a secret key, :data:`_ID` for a key ending in ``id`` (its
+    string value may carry identifiers), else :data:`_PLAIN`."""
     k = _normal(key)
-    return k in SECRET_KEYS or k.endswith(SECRET_SUFFIXES) or any(w in k for w in _ANYWHERE)
+    if k in SECRET_KEYS or k.endswith(SECRET_SUFFIXES) or any(w in k for w in _ANYWHERE):
+        return _SECRET
+    return _ID if k.endswith("id") else _PLAIN
 
 
 def is_secret_header(name: object) -> bool:
@@ -110,7 +123,9 @@ def redact(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         if len(value) == 2 and is_secret_key(value[0]) and not isinstance(value[1], Mapping):
             items = [value[0], REDACTED]
-        else:  # a scalar is returned as is: no call per token id of a 32k-token list
+        elif _SCALARS.issuperset(map(type, value)):  # token ids, logprobs: at C speed
+            items = list(value)
+        else:  # a scalar is returned as is: no call per scalar
             items = [v if type(v) in _SCALARS else redact(v) for v in value]
         return tuple(items) if isinstance(value, tuple) else items
     return value
@@ -125,11 +140,12 @@ def redact_headers(headers: Any) -> dict[str, Any]:
 
 
 def _field(key: Any, value: Any) -> Any:
-    if is_secret_key(key):
+    kind = _key_kind(key) if isinstance(key, str) else _PLAIN
+    if kind == _SECRET:
         return REDACTED
-    if isinstance(value, str) and isinstance(key, str) and _normal(key).endswith("id"):
+    if kind == _ID and isinstance(value, str):
         return _ids_in(value)
-    return redact(value)
+    return value if type(value) in _SCALARS else redact(value)
 
 
 def _ids_in(text: str) -> str:

@@ -116,16 +116,18 @@ def test_fidelity_canaries_prints_both_halves() -> None:
 @pytest.mark.network
 def test_proxy_faults_prints_every_figure() -> None:
     """``benchmarks/proxy_faults.py`` with small settings: a 3 s lock, a 10 MB answer,
-    400 and 800 turns."""
+    400 and 800 turns twice."""
     pytest.importorskip("uvicorn")
-    out = run_script("proxy_faults.py", "--hold", "3", "--big-mb", "10", "--turns", "400")
+    out = run_script("proxy_faults.py", "--hold", "3", "--big-mb", "10", "--turns", "400",
+                     "--repeats", "2")
     assert re.search(r"^store: write lock held 3 s by another process; session A's largest "
                      r"gap [\d.]+ s before, [\d.]+ s during", out, re.M), out
     assert "status during: ['degraded']; after: ok, 0 writes pending" in out, out
     assert re.search(r"^record: per-token CPU time at 64k over 8k tokens: [\d.]+", out, re.M)
     assert re.search(r"SIGTERM right after a 100 MB answer: the proxy exited in [\d.]+ s, "
                      r"that answer recorded", out), out
-    assert re.search(r"^history: 800 over 400 turns: [\d.]+x$", out, re.M), out
+    assert re.search(r"^history: 800 over 400 turns, medians of 2: wall [\d.]+x \(.*\), "
+                     r"proxy CPU [\d.]+x \(.*\)$", out, re.M), out
 
 
 @pytest.mark.network

@@ -65,3 +65,26 @@ def test_ids_inside_a_json_string_are_redacted_and_the_session_kept() -> None:
     block = {"type": "thinking", "thinking": "t", "signature": "sig"}
     assert redact(block) == block
     assert redact({"args": ["--token", "x"]}) == {"args": ["--token", "x"]}
+
+
+def test_lists_of_scalars_are_copied_and_mixed_lists_still_walked() -> None:
+    ids = list(range(1000)) + [0.5, "t", None, True]
+    out = redact({"prompt_token_ids": ids})["prompt_token_ids"]
+    assert out == ids and out is not ids  # a copy, as every list redact returns
+    mixed = redact([1, {"api_key": "sk-1", "n": 2}, ("x-api-key", "sk-2"), "s"])
+    assert mixed == [1, {"api_key": REDACTED, "n": 2}, ("x-api-key", REDACTED), "s"]
+    pair = redact(["Authorization", "Bearer sk-3"])  # a header pair is a list of scalars
+    assert pair == ["Authorization", REDACTED]
+
+
+def test_key_kinds_are_the_same_for_repeated_keys_and_str_subclasses() -> None:
+    class Text(str):
+        pass
+
+    legacy = "user_abc_account_1234_session_5678"
+    for _ in range(2):  # the second round answers from the kinds already computed
+        assert redact({"user_id": Text(legacy)})["user_id"] == f"user_abc_account_{REDACTED}" \
+            "_session_5678"
+        assert redact({"Client-Secret": "s", "prompt_tokens": 3}) == {
+            "Client-Secret": REDACTED, "prompt_tokens": 3}
+        assert is_secret_key("X_API_KEY") and not is_secret_key("max_tokens")
