@@ -62,9 +62,11 @@ class DemoConfig:
     #: tokens) is not drowned by the long rows of "read" turns (token-mean would)
     loss_mode: str = "seq-mean-token-mean"
     micro_batch: int = 64
-    sft_episodes: int = 256
-    sft_steps: int = 700
-    sft_lr: float = 3e-3
+    sft_episodes: int = 128
+    sft_steps: int = 400
+    #: the first steps teach reading and copying the key (see :func:`_warm_start`)
+    sft_copy_steps: int = 250
+    sft_lr: float = 1e-3
     sft_batch: int = 32
     #: the warm start's summaries name the key with this probability (else an observed
     #: filler word): the exploration RL starts from, and about what the control keeps
@@ -113,6 +115,8 @@ class DemoReport:
     curves: list[ArmCurve]
     warm_start_s: dict[int, float]
     wall_s: float
+    #: per seed, the warm start's skills before RL (:func:`_skills`)
+    warm_start_skills: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def finals(self, arm: str) -> list[float]:
         return [c.final for c in self.curves if c.arm == arm]
@@ -123,6 +127,7 @@ class DemoReport:
 
         return json.dumps({"config": dataclasses.asdict(self.config), "chance": self.chance,
                            "wall_s": self.wall_s, "warm_start_s": self.warm_start_s,
+                           "warm_start_skills": self.warm_start_skills,
                            "curves": [dataclasses.asdict(c) for c in self.curves]}, indent=1)
 
 
@@ -293,47 +298,99 @@ def _demonstrations(setup: _Setup, teacher: _Teacher, episodes: int, prefix: str
     return out
 
 
-def _warm_start(setup: _Setup, model: Any, seed: int) -> None:
+def _warm_start(setup: _Setup, model: Any, seed: int) -> dict[str, float]:
     """SFT on teacher demonstrations, with the project's loss at A = 1 (``old_logprobs``
-    detached: the gradient of log π on every sampled token, token-mean). Two sets: every
-    row of episodes whose one-word summaries name the key with probability ``prior_key``
-    (else an observed filler word), and the answering rows and summaries of episodes whose
-    summaries always name the key. The first half of the steps trains reading and copying
-    the key (those answers and summaries); the second half draws alike from the first set's
-    summaries, those answers and the other turns, which brings the summaries back to naming
-    the key about ``prior_key`` of the time. Answers without a key in context are not
-    demonstrated: a guess is left to the policy."""
+    detached: the gradient of log π on every sampled token, token-mean), in two phases:
+
+    1. ``sft_copy_steps`` steps on episodes whose one-word summaries always name the key:
+       their answers (reading the key a summary shows) and their summaries (copying the key
+       from the transcript), a quarter and three quarters of each batch;
+    2. the remaining steps draw alike from those answers, from the summaries of episodes
+       whose summaries name the key with probability ``prior_key`` (else an observed filler
+       word), and from their other turns: the summaries now name *a* word of the transcript,
+       the key about ``prior_key`` of the time, and the right key when they name one.
+
+    So the warm-started policy reads a key from a summary and can copy it, but rarely
+    chooses to: carrying it is left to RL. Answers without a key in context are not
+    demonstrated (a guess is left to the policy). Returns the skills measured on held-out
+    demonstrations (:func:`_skills`)."""
     import torch
 
     config = setup.config
     rng = random.Random(seed + 10_000)
-    rows = _demonstrations(setup, _Teacher(setup, rng, show_key=config.prior_key),
-                           config.sft_episodes, "sft")
     shown = _demonstrations(setup, _Teacher(setup, rng, show_key=1.0),
-                            config.sft_episodes // 2, "sft-shown")
+                            config.sft_episodes, "sft-shown")
+    prior = _demonstrations(setup, _Teacher(setup, rng, show_key=config.prior_key),
+                            config.sft_episodes, "sft")
+    held_out = _demonstrations(setup, _Teacher(setup, rng, show_key=1.0), 32, "held-out")
     answers = [r for r in shown if r["is_last_segment"]]
     copies = [r for r in shown if r["summary_trained"]]
+    summaries = [r for r in prior if r["summary_trained"]]
+    turns = [r for r in prior if not r["summary_trained"] and not r["is_last_segment"]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.sft_lr)
     from ._loop import train_on
 
     pad = int(setup.hf.pad_token_id)
     shuffle = random.Random(seed)
-    # first the skills of reading and writing the key (answers when a summary shows it,
-    # summaries that copy it from the transcript), then every kind alike — the summaries
-    # now naming the key one time in ``prior_key``: the prior RL starts from
-    strata = [[r for r in rows if r["summary_trained"]], answers,
-              [r for r in rows if not r["summary_trained"] and not r["is_last_segment"]]]
-    strata = [s for s in strata if s]
-    per = max(1, config.sft_batch // len(strata))
+
+    def draw(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+        return shuffle.sample(rows, min(len(rows), n)) if rows else []
+
+    batch_size = config.sft_batch
     for step in range(config.sft_steps):
-        if step < config.sft_steps // 2:
-            half = config.sft_batch // 2
-            batch = [*shuffle.sample(answers, min(len(answers), half)),
-                     *shuffle.sample(copies, min(len(copies), half))]
+        if step < config.sft_copy_steps:
+            batch = [*draw(answers, batch_size // 4), *draw(copies, batch_size - batch_size // 4)]
         else:
-            batch = [r for s in strata for r in shuffle.sample(s, min(len(s), per))]
-        train_on(model, optimizer, batch, pad, micro_batch=config.micro_batch,
-                 old_logprobs="detached")
+            third = max(1, batch_size // 3)
+            batch = [*draw(answers, third), *draw(summaries, third), *draw(turns, third)]
+        if batch:
+            train_on(model, optimizer, batch, pad, micro_batch=config.micro_batch,
+                     old_logprobs="detached")
+    return _skills(setup, model, held_out)
+
+
+def _skills(setup: _Setup, model: Any, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Teacher-forced skills on demonstrations whose summaries name the key:
+
+    * ``read``: the answer's most likely first token is the key a summary shows;
+    * ``names_key``: the probability mass of the summary's first token on the keys
+      (whichever): how often the policy chooses to name a key;
+    * ``right_key``: of that mass, the share on the right key (the copy's accuracy).
+    """
+    import torch
+
+    from agentcompact.rl.ppo import collate_step
+
+    answers = [r for r in rows if r["is_last_segment"]]
+    copies = [r for r in rows if r["summary_trained"]]
+    keys = [int(setup.hf.convert_tokens_to_ids(k)) for k in setup.task.key_words]
+    pad = int(setup.hf.pad_token_id)
+    model.eval()
+
+    def first_token_probs(part: Sequence[dict[str, Any]]) -> torch.Tensor:
+        out = []
+        for batch in collate_step(list(part), pad, 64):
+            with torch.no_grad():
+                hidden = model.model(input_ids=batch["input_ids"],
+                                     attention_mask=batch["attention_mask"],
+                                     position_ids=batch["position_ids"]).last_hidden_state
+                at = hidden[torch.arange(len(hidden)), batch["response_start"] - 1]
+                out.append(torch.softmax(model.lm_head(at).float(), -1))
+        return torch.cat(out)
+
+    skills = {"read": 0.0, "names_key": 0.0, "right_key": 0.0}
+    if answers:
+        probs = first_token_probs(answers)
+        target = torch.tensor([int(r["response_ids"][0]) for r in answers])
+        skills["read"] = float((probs.argmax(-1) == target).float().mean())
+    if copies:
+        probs = first_token_probs(copies)
+        target = torch.tensor([int(r["response_ids"][0]) for r in copies])
+        on_keys = probs[:, keys].sum(-1)
+        skills["names_key"] = float(on_keys.mean())
+        right = probs[torch.arange(len(copies)), target]
+        skills["right_key"] = float(right.sum() / on_keys.sum().clamp_min(1e-9))
+    return skills
 
 
 # --------------------------------------------------------------------------- RL arms
@@ -444,19 +501,24 @@ def run_demo(config: DemoConfig | None = None,
     setup = _Setup(config)
     curves: list[ArmCurve] = []
     warm: dict[int, float] = {}
+    skills: dict[int, dict[str, float]] = {}
     for seed in config.seeds:
         t1 = time.perf_counter()
         model = _model(setup, seed)
-        _warm_start(setup, model, seed)
+        skills[seed] = _warm_start(setup, model, seed)
         warm[seed] = time.perf_counter() - t1
+        sk = skills[seed]
         progress(f"seed {seed}: warm start {warm[seed]:.1f} s "
-                 f"({config.sft_episodes} demonstrations, {config.sft_steps} SFT steps)")
+                 f"({config.sft_steps} SFT steps): reads the key a summary shows "
+                 f"{sk['read']:.2f}, summaries name a key {sk['names_key']:.2f}, "
+                 f"the right one {sk['right_key']:.2f} of those")
         weights = copy.deepcopy(model.state_dict())
         for arm in config.arms:
             model = _model(setup, seed)
             model.load_state_dict(weights)
             curves.append(_run_arm(setup, arm, model, seed, progress))
-    return DemoReport(config, 1.0 / config.keys, curves, warm, time.perf_counter() - t0)
+    return DemoReport(config, 1.0 / config.keys, curves, warm, time.perf_counter() - t0,
+                      skills)
 
 
 def plot(report: DemoReport, path: str | Path) -> bool:
