@@ -12,15 +12,18 @@ project's loss (``collate_step`` + ``policy_loss_from_hidden``). Arms, from the 
 warm-started weights:
 
 * ``trained`` — the policy's summaries are trained (each its own row, SUPO-style);
-* ``frozen`` — the policy still writes the summaries, but they are not trained (mask 0,
-  ReSum-style): the control;
+* ``frozen`` — the summaries are written by the warm-started weights, kept aside: not
+  trained (mask 0, ReSum-style) and not moved by the training of the other turns either
+  (the weights are shared, and training the answers alone drifts the summaries): the
+  control;
 * ``cliff`` — the cliff strategy (verbatim only, no summary).
 
-Warm start: a short SFT on demonstrations played through the same engine by a scripted
-teacher who acts, answers the key when its context shows one, and writes one-word
-summaries (first the key, to teach copying it; then the key with probability
-``prior_key``, else an observed filler word) — so the warm-started policy reads a key from
-a summary and carries it now and then, and learning to carry it is left to RL.
+Warm start (:func:`_warm_start`): a short SFT on demonstrations played through the same
+engine by a scripted teacher who acts, answers the key the context shows (else guesses one)
+and writes one-word summaries: first always the key, which teaches reading a key from a
+summary and copying it from a transcript; then the key with probability ``prior_key``, else
+an observed filler word. So the warm-started policy can carry the key but rarely does;
+learning to carry it is left to RL. Its skills are measured before RL (:func:`_skills`).
 """
 
 from __future__ import annotations
@@ -50,27 +53,27 @@ class DemoConfig:
 
     keys: int = 4
     words: int = 16
-    fillers: int = 10
+    fillers: int = 8
     trigger_tokens: int = 80
     target_tokens: int = 56
-    iterations: int = 25
-    groups: int = 16
+    iterations: int = 15
+    groups: int = 8
     samples: int = 8
-    lr: float = 2e-3
+    lr: float = 1e-3
     ppo_epochs: int = 2
     #: seq-mean-token-mean: every segment row weighs alike, so a summary (a row of a few
     #: tokens) is not drowned by the long rows of "read" turns (token-mean would)
     loss_mode: str = "seq-mean-token-mean"
     micro_batch: int = 64
     sft_episodes: int = 128
-    sft_steps: int = 400
+    sft_steps: int = 450
     #: the first steps teach reading and copying the key (see :func:`_warm_start`)
     sft_copy_steps: int = 250
     sft_lr: float = 1e-3
     sft_batch: int = 32
     #: the warm start's summaries name the key with this probability (else an observed
     #: filler word): the exploration RL starts from, and about what the control keeps
-    prior_key: float = 0.15
+    prior_key: float = 0.05
     hidden: int = 64
     layers: int = 2
     seeds: tuple[int, ...] = (0,)
@@ -305,15 +308,16 @@ def _warm_start(setup: _Setup, model: Any, seed: int) -> dict[str, float]:
     1. ``sft_copy_steps`` steps on episodes whose one-word summaries always name the key:
        their answers (reading the key a summary shows) and their summaries (copying the key
        from the transcript), a quarter and three quarters of each batch;
-    2. the remaining steps draw alike from those answers, from the summaries of episodes
-       whose summaries name the key with probability ``prior_key`` (else an observed filler
-       word), and from their other turns: the summaries now name *a* word of the transcript,
-       the key about ``prior_key`` of the time, and the right key when they name one.
+    2. the remaining steps draw alike from answers (those, and the answers of episodes
+       whose summaries name the key with probability ``prior_key``, else an observed filler
+       word: a key guessed at random when no key is in context), from those episodes'
+       summaries, and from their other turns: the summaries now name *a* word of the
+       transcript, the key about ``prior_key`` of the time, and the right key when they
+       name one.
 
-    So the warm-started policy reads a key from a summary and can copy it, but rarely
-    chooses to: carrying it is left to RL. Answers without a key in context are not
-    demonstrated (a guess is left to the policy). Returns the skills measured on held-out
-    demonstrations (:func:`_skills`)."""
+    So the warm-started policy reads a key from a summary, guesses one otherwise, and can
+    copy the key into a summary but rarely chooses to: carrying it is left to RL. Returns
+    the skills measured on held-out demonstrations (:func:`_skills`)."""
     import torch
 
     config = setup.config
@@ -326,6 +330,8 @@ def _warm_start(setup: _Setup, model: Any, seed: int) -> dict[str, float]:
     answers = [r for r in shown if r["is_last_segment"]]
     copies = [r for r in shown if r["summary_trained"]]
     summaries = [r for r in prior if r["summary_trained"]]
+    # the answers of phase 2: the key a summary shows, else a key guessed at random
+    either = [*answers, *(r for r in prior if r["is_last_segment"])]
     turns = [r for r in prior if not r["summary_trained"] and not r["is_last_segment"]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.sft_lr)
     from ._loop import train_on
@@ -342,7 +348,7 @@ def _warm_start(setup: _Setup, model: Any, seed: int) -> dict[str, float]:
             batch = [*draw(answers, batch_size // 4), *draw(copies, batch_size - batch_size // 4)]
         else:
             third = max(1, batch_size // 3)
-            batch = [*draw(answers, third), *draw(summaries, third), *draw(turns, third)]
+            batch = [*draw(either, third), *draw(summaries, third), *draw(turns, third)]
         if batch:
             train_on(model, optimizer, batch, pad, micro_batch=config.micro_batch,
                      old_logprobs="detached")
@@ -414,11 +420,16 @@ def _run_arm(setup: _Setup, arm: str, model: Any, seed: int,
     pm = new_plugin_manager()
     collector = EpisodeCollector()
     pm.register(collector)
-    summarizer = policy.summarizer(config.max_new, trained=arm == "trained")
+    # frozen: the summaries are written by the warm-started weights, kept aside: neither
+    # trained as rows nor moved by the training of the other turns (the weights are shared)
+    writer = policy if arm != "frozen" else (policy_cls or TorchPolicy)(
+        copy.deepcopy(model).eval(), setup.hf,
+        generator=torch.Generator(device).manual_seed(seed * 1000 + 99))
+    summarizer = writer.summarizer(config.max_new, trained=arm == "trained")
     strategy = "cliff" if arm == "cliff" else setup.summary_strategy(summarizer)
     slots = config.groups * config.samples
     engines = [setup.engine(strategy, pm) for _ in range(slots)]  # one per running episode
-    lockstep = Lockstep(policy)
+    lockstep = Lockstep(policy, *([writer] if writer is not policy else []))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     rng = random.Random(seed)  # the same tasks for every arm of a seed
     curve = ArmCurve(arm, seed)
@@ -446,12 +457,14 @@ def _run_arm(setup: _Setup, arm: str, model: Any, seed: int,
                                mode=config.loss_mode, device=device)
             curve.peak_batch_tokens = max(curve.peak_batch_tokens, peak)
         policy.version += 1
-        summarizer.policy_version = policy.version
+        if writer is policy:
+            summarizer.policy_version = policy.version
         progress(f"seed {seed} {arm:8s} iteration {it + 1:3d}/{config.iterations}: reward "
                  f"{curve.rewards[-1]:.2f}, compactions/episode {curve.compactions[-1]:.1f}, "
                  f"key in last summary {curve.summaries_with_key[-1]:.2f}")
     curve.wall_s = time.perf_counter() - t0
-    curve.sampled_tokens = policy.sampled_tokens
+    curve.sampled_tokens = policy.sampled_tokens + (
+        writer.sampled_tokens if writer is not policy else 0)
     return curve
 
 
