@@ -62,7 +62,7 @@ class TorchPolicy:
         Inside :meth:`Lockstep.run` the request joins the batch of the other episodes."""
         lockstep = self.lockstep
         if lockstep is not None and lockstep.serving():
-            return lockstep.request(list(prompt_ids), max_new)
+            return lockstep.request(list(prompt_ids), max_new, self)
         return self.sample_batch([(list(prompt_ids), max_new)])[0]
 
     @torch.inference_mode()
@@ -127,8 +127,11 @@ class Lockstep:
     the episodes' order, so the samples do not depend on thread timing (a fixed seed gives
     the same rollouts). What a rollout worker does against an inference engine."""
 
-    def __init__(self, policy: TorchPolicy) -> None:
+    def __init__(self, policy: TorchPolicy, *others: TorchPolicy) -> None:
+        """``others``: further policies the episodes sample from (a frozen summarizer);
+        each batch is served per policy, in the order of their first request."""
         self.policy = policy
+        self.policies = (policy, *others)
         self._cv = threading.Condition()
         self._pending: dict[int, _Request] = {}
         self._running = 0
@@ -137,8 +140,9 @@ class Lockstep:
     def serving(self) -> bool:
         return getattr(self._local, "index", None) is not None
 
-    def request(self, prompt_ids: list[int], max_new: int) -> tuple[list[int], list[float]]:
-        req = _Request(prompt_ids, max_new)
+    def request(self, prompt_ids: list[int], max_new: int, policy: TorchPolicy | None = None
+                ) -> tuple[list[int], list[float]]:
+        req = _Request(prompt_ids, max_new, policy or self.policy)
         with self._cv:
             self._pending[self._local.index] = req
             self._cv.notify_all()
@@ -162,7 +166,8 @@ class Lockstep:
                     self._running -= 1
                     self._cv.notify_all()
 
-        self.policy.lockstep = self
+        for policy in self.policies:
+            policy.lockstep = self
         self._running = len(jobs)
         threads = [threading.Thread(target=worker, args=(i, job), daemon=True)
                    for i, job in enumerate(jobs)]
@@ -173,7 +178,8 @@ class Lockstep:
         finally:
             for thread in threads:
                 thread.join()
-            self.policy.lockstep = None
+            for policy in self.policies:
+                policy.lockstep = None
         if errors:
             raise errors[0]
         return results
@@ -188,8 +194,12 @@ class Lockstep:
                 batch = sorted(self._pending.items())
                 self._pending.clear()
             try:
-                answers = self.policy.sample_batch([(r.prompt_ids, r.max_new)
-                                                    for _, r in batch])
+                answers: list[tuple[list[int], list[float]]] = [([], []) for _ in batch]
+                for policy in dict.fromkeys(r.policy for _, r in batch):
+                    mine = [i for i, (_, r) in enumerate(batch) if r.policy is policy]
+                    for i, answer in zip(mine, policy.sample_batch(
+                            [(batch[i][1].prompt_ids, batch[i][1].max_new) for i in mine])):
+                        answers[i] = answer
             except BaseException:
                 answers = [([], []) for _ in batch]  # unblock the episodes, then raise
                 raise
@@ -204,6 +214,7 @@ class Lockstep:
 class _Request:
     prompt_ids: list[int]
     max_new: int
+    policy: TorchPolicy
     result: tuple[list[int], list[float]] | None = None
 
 

@@ -12,15 +12,18 @@ project's loss (``collate_step`` + ``policy_loss_from_hidden``). Arms, from the 
 warm-started weights:
 
 * ``trained`` — the policy's summaries are trained (each its own row, SUPO-style);
-* ``frozen`` — the policy still writes the summaries, but they are not trained (mask 0,
-  ReSum-style): the control;
+* ``frozen`` — the summaries are written by the warm-started weights, kept aside: not
+  trained (mask 0, ReSum-style) and not moved by the training of the other turns either
+  (the weights are shared, and training the answers alone drifts the summaries): the
+  control;
 * ``cliff`` — the cliff strategy (verbatim only, no summary).
 
-Warm start: a short SFT on demonstrations played through the same engine by a scripted
-teacher who acts, answers the key when its context shows one, and writes one-word
-summaries (first the key, to teach copying it; then the key with probability
-``prior_key``, else an observed filler word) — so the warm-started policy reads a key from
-a summary and carries it now and then, and learning to carry it is left to RL.
+Warm start (:func:`_warm_start`): a short SFT on demonstrations played through the same
+engine by a scripted teacher who acts, answers the key the context shows (else guesses one)
+and writes one-word summaries: first always the key, which teaches reading a key from a
+summary and copying it from a transcript; then the key with probability ``prior_key``, else
+an observed filler word. So the warm-started policy can carry the key but rarely does;
+learning to carry it is left to RL. Its skills are measured before RL (:func:`_skills`).
 """
 
 from __future__ import annotations
@@ -50,25 +53,27 @@ class DemoConfig:
 
     keys: int = 4
     words: int = 16
-    fillers: int = 10
+    fillers: int = 8
     trigger_tokens: int = 80
     target_tokens: int = 56
-    iterations: int = 25
-    groups: int = 16
+    iterations: int = 15
+    groups: int = 8
     samples: int = 8
-    lr: float = 2e-3
+    lr: float = 1e-3
     ppo_epochs: int = 2
     #: seq-mean-token-mean: every segment row weighs alike, so a summary (a row of a few
     #: tokens) is not drowned by the long rows of "read" turns (token-mean would)
     loss_mode: str = "seq-mean-token-mean"
     micro_batch: int = 64
-    sft_episodes: int = 256
-    sft_steps: int = 700
-    sft_lr: float = 3e-3
+    sft_episodes: int = 128
+    sft_steps: int = 450
+    #: the first steps teach reading and copying the key (see :func:`_warm_start`)
+    sft_copy_steps: int = 250
+    sft_lr: float = 1e-3
     sft_batch: int = 32
     #: the warm start's summaries name the key with this probability (else an observed
     #: filler word): the exploration RL starts from, and about what the control keeps
-    prior_key: float = 0.15
+    prior_key: float = 0.05
     hidden: int = 64
     layers: int = 2
     seeds: tuple[int, ...] = (0,)
@@ -113,6 +118,8 @@ class DemoReport:
     curves: list[ArmCurve]
     warm_start_s: dict[int, float]
     wall_s: float
+    #: per seed, the warm start's skills before RL (:func:`_skills`)
+    warm_start_skills: dict[int, dict[str, float]] = field(default_factory=dict)
 
     def finals(self, arm: str) -> list[float]:
         return [c.final for c in self.curves if c.arm == arm]
@@ -123,6 +130,7 @@ class DemoReport:
 
         return json.dumps({"config": dataclasses.asdict(self.config), "chance": self.chance,
                            "wall_s": self.wall_s, "warm_start_s": self.warm_start_s,
+                           "warm_start_skills": self.warm_start_skills,
                            "curves": [dataclasses.asdict(c) for c in self.curves]}, indent=1)
 
 
@@ -293,47 +301,102 @@ def _demonstrations(setup: _Setup, teacher: _Teacher, episodes: int, prefix: str
     return out
 
 
-def _warm_start(setup: _Setup, model: Any, seed: int) -> None:
+def _warm_start(setup: _Setup, model: Any, seed: int) -> dict[str, float]:
     """SFT on teacher demonstrations, with the project's loss at A = 1 (``old_logprobs``
-    detached: the gradient of log π on every sampled token, token-mean). Two sets: every
-    row of episodes whose one-word summaries name the key with probability ``prior_key``
-    (else an observed filler word), and the answering rows and summaries of episodes whose
-    summaries always name the key. The first half of the steps trains reading and copying
-    the key (those answers and summaries); the second half draws alike from the first set's
-    summaries, those answers and the other turns, which brings the summaries back to naming
-    the key about ``prior_key`` of the time. Answers without a key in context are not
-    demonstrated: a guess is left to the policy."""
+    detached: the gradient of log π on every sampled token, token-mean), in two phases:
+
+    1. ``sft_copy_steps`` steps on episodes whose one-word summaries always name the key:
+       their answers (reading the key a summary shows) and their summaries (copying the key
+       from the transcript), a quarter and three quarters of each batch;
+    2. the remaining steps draw alike from answers (those, and the answers of episodes
+       whose summaries name the key with probability ``prior_key``, else an observed filler
+       word: a key guessed at random when no key is in context), from those episodes'
+       summaries, and from their other turns: the summaries now name *a* word of the
+       transcript, the key about ``prior_key`` of the time, and the right key when they
+       name one.
+
+    So the warm-started policy reads a key from a summary, guesses one otherwise, and can
+    copy the key into a summary but rarely chooses to: carrying it is left to RL. Returns
+    the skills measured on held-out demonstrations (:func:`_skills`)."""
     import torch
 
     config = setup.config
     rng = random.Random(seed + 10_000)
-    rows = _demonstrations(setup, _Teacher(setup, rng, show_key=config.prior_key),
-                           config.sft_episodes, "sft")
     shown = _demonstrations(setup, _Teacher(setup, rng, show_key=1.0),
-                            config.sft_episodes // 2, "sft-shown")
+                            config.sft_episodes, "sft-shown")
+    prior = _demonstrations(setup, _Teacher(setup, rng, show_key=config.prior_key),
+                            config.sft_episodes, "sft")
+    held_out = _demonstrations(setup, _Teacher(setup, rng, show_key=1.0), 32, "held-out")
     answers = [r for r in shown if r["is_last_segment"]]
     copies = [r for r in shown if r["summary_trained"]]
+    summaries = [r for r in prior if r["summary_trained"]]
+    # the answers of phase 2: the key a summary shows, else a key guessed at random
+    either = [*answers, *(r for r in prior if r["is_last_segment"])]
+    turns = [r for r in prior if not r["summary_trained"] and not r["is_last_segment"]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.sft_lr)
     from ._loop import train_on
 
     pad = int(setup.hf.pad_token_id)
     shuffle = random.Random(seed)
-    # first the skills of reading and writing the key (answers when a summary shows it,
-    # summaries that copy it from the transcript), then every kind alike — the summaries
-    # now naming the key one time in ``prior_key``: the prior RL starts from
-    strata = [[r for r in rows if r["summary_trained"]], answers,
-              [r for r in rows if not r["summary_trained"] and not r["is_last_segment"]]]
-    strata = [s for s in strata if s]
-    per = max(1, config.sft_batch // len(strata))
+
+    def draw(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+        return shuffle.sample(rows, min(len(rows), n)) if rows else []
+
+    batch_size = config.sft_batch
     for step in range(config.sft_steps):
-        if step < config.sft_steps // 2:
-            half = config.sft_batch // 2
-            batch = [*shuffle.sample(answers, min(len(answers), half)),
-                     *shuffle.sample(copies, min(len(copies), half))]
+        if step < config.sft_copy_steps:
+            batch = [*draw(answers, batch_size // 4), *draw(copies, batch_size - batch_size // 4)]
         else:
-            batch = [r for s in strata for r in shuffle.sample(s, min(len(s), per))]
-        train_on(model, optimizer, batch, pad, micro_batch=config.micro_batch,
-                 old_logprobs="detached")
+            third = max(1, batch_size // 3)
+            batch = [*draw(either, third), *draw(summaries, third), *draw(turns, third)]
+        if batch:
+            train_on(model, optimizer, batch, pad, micro_batch=config.micro_batch,
+                     old_logprobs="detached")
+    return _skills(setup, model, held_out)
+
+
+def _skills(setup: _Setup, model: Any, rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Teacher-forced skills on demonstrations whose summaries name the key:
+
+    * ``read``: the answer's most likely first token is the key a summary shows;
+    * ``names_key``: the probability mass of the summary's first token on the keys
+      (whichever): how often the policy chooses to name a key;
+    * ``right_key``: of that mass, the share on the right key (the copy's accuracy).
+    """
+    import torch
+
+    from agentcompact.rl.ppo import collate_step
+
+    answers = [r for r in rows if r["is_last_segment"]]
+    copies = [r for r in rows if r["summary_trained"]]
+    keys = [int(setup.hf.convert_tokens_to_ids(k)) for k in setup.task.key_words]
+    pad = int(setup.hf.pad_token_id)
+    model.eval()
+
+    def first_token_probs(part: Sequence[dict[str, Any]]) -> torch.Tensor:
+        out = []
+        for batch in collate_step(list(part), pad, 64):
+            with torch.no_grad():
+                hidden = model.model(input_ids=batch["input_ids"],
+                                     attention_mask=batch["attention_mask"],
+                                     position_ids=batch["position_ids"]).last_hidden_state
+                at = hidden[torch.arange(len(hidden)), batch["response_start"] - 1]
+                out.append(torch.softmax(model.lm_head(at).float(), -1))
+        return torch.cat(out)
+
+    skills = {"read": 0.0, "names_key": 0.0, "right_key": 0.0}
+    if answers:
+        probs = first_token_probs(answers)
+        target = torch.tensor([int(r["response_ids"][0]) for r in answers])
+        skills["read"] = float((probs.argmax(-1) == target).float().mean())
+    if copies:
+        probs = first_token_probs(copies)
+        target = torch.tensor([int(r["response_ids"][0]) for r in copies])
+        on_keys = probs[:, keys].sum(-1)
+        skills["names_key"] = float(on_keys.mean())
+        right = probs[torch.arange(len(copies)), target]
+        skills["right_key"] = float(right.sum() / on_keys.sum().clamp_min(1e-9))
+    return skills
 
 
 # --------------------------------------------------------------------------- RL arms
@@ -357,11 +420,16 @@ def _run_arm(setup: _Setup, arm: str, model: Any, seed: int,
     pm = new_plugin_manager()
     collector = EpisodeCollector()
     pm.register(collector)
-    summarizer = policy.summarizer(config.max_new, trained=arm == "trained")
+    # frozen: the summaries are written by the warm-started weights, kept aside: neither
+    # trained as rows nor moved by the training of the other turns (the weights are shared)
+    writer = policy if arm != "frozen" else (policy_cls or TorchPolicy)(
+        copy.deepcopy(model).eval(), setup.hf,
+        generator=torch.Generator(device).manual_seed(seed * 1000 + 99))
+    summarizer = writer.summarizer(config.max_new, trained=arm == "trained")
     strategy = "cliff" if arm == "cliff" else setup.summary_strategy(summarizer)
     slots = config.groups * config.samples
     engines = [setup.engine(strategy, pm) for _ in range(slots)]  # one per running episode
-    lockstep = Lockstep(policy)
+    lockstep = Lockstep(policy, *([writer] if writer is not policy else []))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
     rng = random.Random(seed)  # the same tasks for every arm of a seed
     curve = ArmCurve(arm, seed)
@@ -389,12 +457,14 @@ def _run_arm(setup: _Setup, arm: str, model: Any, seed: int,
                                mode=config.loss_mode, device=device)
             curve.peak_batch_tokens = max(curve.peak_batch_tokens, peak)
         policy.version += 1
-        summarizer.policy_version = policy.version
+        if writer is policy:
+            summarizer.policy_version = policy.version
         progress(f"seed {seed} {arm:8s} iteration {it + 1:3d}/{config.iterations}: reward "
                  f"{curve.rewards[-1]:.2f}, compactions/episode {curve.compactions[-1]:.1f}, "
                  f"key in last summary {curve.summaries_with_key[-1]:.2f}")
     curve.wall_s = time.perf_counter() - t0
-    curve.sampled_tokens = policy.sampled_tokens
+    curve.sampled_tokens = policy.sampled_tokens + (
+        writer.sampled_tokens if writer is not policy else 0)
     return curve
 
 
@@ -444,19 +514,24 @@ def run_demo(config: DemoConfig | None = None,
     setup = _Setup(config)
     curves: list[ArmCurve] = []
     warm: dict[int, float] = {}
+    skills: dict[int, dict[str, float]] = {}
     for seed in config.seeds:
         t1 = time.perf_counter()
         model = _model(setup, seed)
-        _warm_start(setup, model, seed)
+        skills[seed] = _warm_start(setup, model, seed)
         warm[seed] = time.perf_counter() - t1
+        sk = skills[seed]
         progress(f"seed {seed}: warm start {warm[seed]:.1f} s "
-                 f"({config.sft_episodes} demonstrations, {config.sft_steps} SFT steps)")
+                 f"({config.sft_steps} SFT steps): reads the key a summary shows "
+                 f"{sk['read']:.2f}, summaries name a key {sk['names_key']:.2f}, "
+                 f"the right one {sk['right_key']:.2f} of those")
         weights = copy.deepcopy(model.state_dict())
         for arm in config.arms:
             model = _model(setup, seed)
             model.load_state_dict(weights)
             curves.append(_run_arm(setup, arm, model, seed, progress))
-    return DemoReport(config, 1.0 / config.keys, curves, warm, time.perf_counter() - t0)
+    return DemoReport(config, 1.0 / config.keys, curves, warm, time.perf_counter() - t0,
+                      skills)
 
 
 def plot(report: DemoReport, path: str | Path) -> bool:

@@ -155,14 +155,35 @@ def test_the_rl_command_is_listed_and_refuses_bad_seeds(
     assert "--iterations" in capsys.readouterr().out
 
 
+def test_the_rows_of_a_rollout_give_back_the_logprobs_it_was_sampled_with(
+        setup: _Setup) -> None:
+    """The rows' tokens, masks and logprobs line up with what was sampled: the policy's
+    log-probabilities recomputed on the collated rows (turns and summaries) equal the
+    rollout logprobs at every loss position, so the first PPO ratio is 1."""
+    from agentcompact.rl.logprobs import chosen_logprobs
+    from agentcompact.rl.ppo import collate_step
+
+    episodes, _ = _rollouts(setup, trained=True, version=0, seed=5)
+    rows = rows_from_events(episodes, setup.chat).rows
+    assert any(r["summary_trained"] for r in rows)
+    model = _model(setup, 5).eval()
+    (batch,) = collate_step(rows, int(setup.hf.pad_token_id), len(rows))
+    with torch.no_grad():
+        hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                             position_ids=batch["position_ids"]).last_hidden_state
+        logp, rows_at, positions = chosen_logprobs(hidden, model.lm_head.weight, batch)
+    assert logp.numel() == sum(int(r["response_mask"].sum()) for r in rows)
+    old = batch["old_logprobs"][rows_at, positions]
+    assert torch.allclose(logp, old, atol=1e-4)
+
+
 def test_the_demo_loop_runs_end_to_end_with_every_arm(tmp_path: Any) -> None:
     """Small settings, every arm, one seed: warm start, rollouts through the engine, rows
-    in memory, PPO steps; the curves, the compactions and the plot come out. (A smoke test
-    of the loop: it asserts no learning — see docs/rl-loop.md for what was measured.)"""
+    in memory, PPO steps; the curves, the compactions and the plot come out."""
     from agentcompact.rl.demo import DemoConfig, plot, run_demo
 
-    config = DemoConfig(fillers=8, iterations=2, groups=2, samples=2, sft_episodes=8,
-                        sft_steps=4, seeds=(3,))
+    config = DemoConfig(iterations=2, groups=2, samples=2, sft_episodes=8, sft_steps=4,
+                        sft_copy_steps=2, seeds=(3,))
     lines: list[str] = []
     report = run_demo(config, progress=lines.append)
     assert [(c.arm, len(c.rewards)) for c in report.curves] == [
@@ -170,6 +191,7 @@ def test_the_demo_loop_runs_end_to_end_with_every_arm(tmp_path: Any) -> None:
     assert all(min(c.compactions) >= 2 for c in report.curves)  # the window, passed twice
     assert all(0.0 <= r <= 1.0 for c in report.curves for r in c.rewards)
     assert len(lines) == 1 + 3 * 2 and report.chance == 0.25
+    assert set(report.warm_start_skills[3]) == {"read", "names_key", "right_key"}
     assert '"arm": "cliff"' in report.to_json()
     pytest.importorskip("matplotlib")
     assert plot(report, tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size
