@@ -57,12 +57,12 @@ from agentcompact._store import InMemoryPrefixStore, PrefixStore
 from agentcompact._tokens import MessageMeter, make_counter
 from agentcompact.dialects._base import Dialect
 from agentcompact.plugins import get_plugin_manager, registry
+from agentcompact.wire import Reassembled
 
 from ._bodies import BodyCache, Common, Parsed, encode
 from ._config import ProxyConfig
 from ._observe import DebugDumper, ExchangeLog, ProxyStats
 from ._offloop import EngineLoop, does_io
-from ._reassemble import Reassembled
 from ._recording import Recording, RecordingThread
 from ._relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
 from ._speculation import Speculation

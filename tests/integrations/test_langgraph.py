@@ -536,7 +536,7 @@ def test_logger_records_the_servers_logprobs(pm: Any, collector: Collector,
     token ids (what the exporter does when a chat model drops vLLM's ids)."""
     transformers = pytest.importorskip("transformers")
     from agentcompact.testing import SimTokenizer, logprob_of
-    from agentcompact.trajectory._sampled import token_ids_from_bytes
+    from agentcompact.wire import token_ids_from_bytes
 
     hf = transformers.AutoTokenizer.from_pretrained(str(QWEN_TOKENIZER))
     sim = UpstreamSim(Script(Reply("Done: naïve fix ✓ applied.")), tokenizer=hf)

@@ -14,7 +14,6 @@ import pytest
 from agentcompact import Budget, Engine, get_dialect, validate
 from agentcompact._markers import COMPACTION_HEADER
 from agentcompact.errors import ConfigError, DialectError
-from agentcompact.integrations.proxy._reassemble import from_body, reassemble_events
 from agentcompact.integrations.sdk import _TABLES, CompactedClient, compact
 from agentcompact.testing import (
     Reply,
@@ -26,6 +25,7 @@ from agentcompact.testing import (
     prompt_text,
     serve,
 )
+from agentcompact.wire import from_body, reassemble_events
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = pytest.mark.network

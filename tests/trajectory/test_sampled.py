@@ -13,7 +13,7 @@ from agentcompact.testing._completion import Completion
 from agentcompact.testing._openai_wire import ChatWire
 from agentcompact.testing._responses_wire import ResponsesWire
 from agentcompact.testing._script import split_tokens
-from agentcompact.trajectory._sampled import (
+from agentcompact.wire import (
     from_chat_chunks,
     from_chat_completion,
     from_responses,
@@ -146,7 +146,7 @@ def test_the_simulator_serves_vllm_token_ids_plain_and_streamed() -> None:
 
 def test_byte_alphabet_is_gpt2s() -> None:
     convert = pytest.importorskip("transformers.convert_slow_tokenizer")
-    from agentcompact.trajectory._sampled import _BYTE_CHARS
+    from agentcompact.wire._sampled import _BYTE_CHARS
 
     assert convert.bytes_to_unicode() == _BYTE_CHARS
 
@@ -271,9 +271,9 @@ def test_a_trained_summarizer_asks_for_logprobs_and_ids_only_when_told() -> None
 @needs_qwen
 def test_the_proxy_reassembler_reads_the_simulators_ids_from_its_wire_bytes() -> None:
     pytest.importorskip("transformers")
-    from agentcompact.integrations.proxy._reassemble import reassemble
     from agentcompact.testing import Reply, SimTokenizer
     from agentcompact.testing._completion import complete
+    from agentcompact.wire import reassemble
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
             "logprobs": True, "return_token_ids": True}
