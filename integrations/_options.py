@@ -9,10 +9,8 @@ from typing import Any
 
 import pluggy
 
-from .._budget import Budget
-from .._engine import Engine
-from .._settings import StrategySettings
-from ..dialects._base import Dialect
+from agentcompact import Budget, Dialect, Engine, StrategySettings
+
 from ..errors import ConfigError
 
 __all__ = ["engine_from_options", "check_engine"]

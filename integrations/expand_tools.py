@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._archive import Archive, open_archive
-from .._expand import DEFAULT_PAGE_CHARS, expand_text, search_text
+from agentcompact import Archive, expand_text, open_archive
+from agentcompact.extending import DEFAULT_PAGE_CHARS, search_text
+
 from ..errors import ConfigError
 
 __all__ = [

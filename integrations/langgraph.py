@@ -60,14 +60,20 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
+from agentcompact import (
+    Budget,
+    CompactionResult,
+    Dialect,
+    Engine,
+    ModelCall,
+    Part,
+    hookimpl,
+    log_model_call,
+)
+from agentcompact.dialects import head_tail
+from agentcompact.extending import new_id
 from agentcompact.wire import from_chat_completion
 
-from .._budget import Budget
-from .._engine import CompactionResult, Engine
-from .._events import ModelCall, new_id
-from .._hookspecs import hookimpl
-from .._logging_hooks import log_model_call
-from ..dialects._base import Dialect, Part, head_tail
 from ..errors import ConfigError, DialectError, ValidationError
 from ._options import check_engine, engine_from_options
 

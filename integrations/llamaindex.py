@@ -51,14 +51,20 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.memory import BaseMemory
 from pydantic import ConfigDict, PrivateAttr
 
+from agentcompact import (
+    Budget,
+    CompactionResult,
+    Dialect,
+    Engine,
+    ModelCall,
+    Part,
+    hookimpl,
+    log_model_call,
+)
+from agentcompact.dialects import head_tail
+from agentcompact.extending import new_id
 from agentcompact.wire import from_chat_chunks, from_chat_completion
 
-from .._budget import Budget
-from .._engine import CompactionResult, Engine
-from .._events import ModelCall, new_id
-from .._hookspecs import hookimpl
-from .._logging_hooks import log_model_call
-from ..dialects._base import Dialect, Part, head_tail
 from ..errors import ConfigError, DialectError, ValidationError
 from ._options import check_engine, engine_from_options
 

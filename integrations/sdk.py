@@ -43,11 +43,10 @@ from typing import Any
 import orjson
 import pluggy
 
+from agentcompact import CompactionResult, Engine, ModelCall, log_model_call
+from agentcompact.extending import new_id
 from agentcompact.wire import Reassembled, from_body, reassembler
 
-from .._engine import CompactionResult, Engine
-from .._events import ModelCall, new_id
-from .._logging_hooks import log_model_call
 from ..errors import ConfigError, DialectError
 from ._options import engine_from_options
 
