@@ -88,7 +88,7 @@ def test_first_party_module_imports_only_public_names(module: str) -> None:
 @pytest.mark.parametrize(("source", "expected"), [
     ("from .._engine import Engine", "imports private module agentcompact._engine"),
     ("from ..dialects._base import Dialect", "imports private module agentcompact.dialects._base"),
-    ("from agentcompact._tokens import make_counter", "imports private module agentcompact._tokens"),
+    ("from agentcompact._tokens import make_counter", "private module agentcompact._tokens"),
     ("import agentcompact._redact", "imports private module agentcompact._redact"),
     ("from agentcompact import _engine", "imports agentcompact._engine, which is not in"),
     ("from agentcompact.dialects import _base", "imports agentcompact.dialects._base, which"),
