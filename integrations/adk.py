@@ -39,7 +39,8 @@ from agentcompact import (
 )
 from agentcompact.dialects import Dialect, Part, digest_of, truncated
 
-from ._hosts import Conversations, conversation_key, json_safe
+from ._hosts import Conversations, conversation_key
+from ._requests import json_safe
 
 __all__ = ["CompactionCallback", "GenAIDialect", "agentcompact_register_dialects"]
 

@@ -76,6 +76,7 @@ from agentcompact.wire import from_chat_completion
 
 from ..errors import ConfigError, DialectError, ValidationError
 from ._options import check_engine, engine_from_options
+from ._requests import MessageCopies, json_safe
 
 __all__ = [
     "CompactionMiddleware",
@@ -331,43 +332,18 @@ class _FixedTokens:
         return count
 
 
-def _json_safe(value: Any) -> Any:
-    return orjson.loads(orjson.dumps(value, default=str))
-
-
 def _usage_of(message: BaseMessage, result: LLMResult | None = None) -> dict[str, Any]:
     usage = getattr(message, "usage_metadata", None)
     if usage:
-        return _json_safe(dict(usage))  # type: ignore[no-any-return]  # JSON round trip
+        return json_safe(dict(usage))  # type: ignore[no-any-return]  # JSON round trip
     output = (result.llm_output or {}) if result is not None else {}
     token_usage = output.get("token_usage") or output.get("usage") or {}
-    return _json_safe(dict(token_usage))  # type: ignore[no-any-return]  # JSON round trip
+    return json_safe(dict(token_usage))  # type: ignore[no-any-return]  # JSON round trip
 
 
-class _OpenAIDicts:
-    """LangChain messages as JSON-safe OpenAI chat dicts, converted once per message object
-    (messages are immutable values once sent; a call's dicts are shared, not copied)."""
-
-    def __init__(self, max_entries: int = 20_000) -> None:
-        self._by_id: dict[int, tuple[BaseMessage, Any]] = {}
-        self._max = max_entries
-        self._lock = threading.Lock()
-
-    def __call__(self, messages: Sequence[BaseMessage]) -> list[Any]:
-        out: list[Any] = []
-        by_id = self._by_id
-        with self._lock:
-            for message in messages:
-                hit = by_id.get(id(message))
-                if hit is not None and hit[0] is message:
-                    out.append(hit[1])
-                    continue
-                converted = _json_safe(convert_to_openai_messages(message))
-                if len(by_id) >= self._max:
-                    by_id.clear()
-                by_id[id(message)] = (message, converted)
-                out.append(converted)
-        return out
+def _openai_dicts() -> MessageCopies:
+    """LangChain messages as JSON-safe OpenAI chat dicts, converted once per message object."""
+    return MessageCopies(lambda message: json_safe(convert_to_openai_messages(message)))
 
 
 def model_call_from_langchain(
@@ -382,11 +358,11 @@ def model_call_from_langchain(
     ``CompactionResult.modified`` for the call that produced it).
     """
     messages = (_convert(sent) if _convert is not None
-                else [_json_safe(convert_to_openai_messages(m)) for m in sent])
+                else [json_safe(convert_to_openai_messages(m)) for m in sent])
     reply = convert_to_openai_messages(response)
     return ModelCall(
         episode_id=episode_id, dialect="openai_chat", messages=messages,
-        response=[_json_safe(reply)], request=_json_safe(dict(request or {})),
+        response=[json_safe(reply)], request=json_safe(dict(request or {})),
         usage=dict(usage) if usage is not None else _usage_of(response), model=model,
         compacted=any(_DIALECT.is_synthetic(m) for m in sent), group_id=group_id,
         **_sampled_fields(response),
@@ -618,7 +594,7 @@ class ModelCallLogger(BaseCallbackHandler):
         self.episode_id = episode_id or new_id()
         self.group_id = group_id
         self.pm = plugins
-        self._dicts = _OpenAIDicts()  # each message converted once for this logger
+        self._dicts = _openai_dicts()  # each message converted once for this logger
         self._pending: dict[UUID, tuple[list[BaseMessage], dict[str, Any], dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
@@ -706,7 +682,7 @@ class CompactionMiddleware(AgentMiddleware):
         self.tools = []
         self.last_result: CompactionResult | None = None
         self._fixed = _FixedTokens(self.engine)
-        self._dicts = _OpenAIDicts()  # each message converted once for this middleware
+        self._dicts = _openai_dicts()  # each message converted once for this middleware
 
     def _fixed_tokens(self, request: ModelRequest) -> int:
         return self._fixed(request.system_message, request.tools)

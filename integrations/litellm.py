@@ -57,20 +57,13 @@ from agentcompact import (
     log_model_call,
 )
 
-from ._hosts import Conversations, conversation_key, json_safe
+from ._hosts import Conversations, conversation_key
+from ._requests import RequestShape as _Shape
+from ._requests import json_safe
 
 __all__ = ["CompactionCallback", "callback"]  # noqa: F822 - callback: built on first read
 
 log = logging.getLogger("agentcompact.litellm")
-
-
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """Where one LiteLLM call type keeps its context."""
-
-    dialect: str
-    key: str  # the messages field
-    fixed: tuple[str, ...]  # fields besides the messages that the model receives
 
 
 _CHAT = _Shape("openai_chat", "messages", ("tools",))

@@ -42,7 +42,8 @@ from agentcompact import (
     log_model_call,
 )
 
-from ._hosts import Conversations, conversation_key, json_safe
+from ._hosts import Conversations, conversation_key
+from ._requests import json_safe
 
 __all__ = ["CompactionFilter", "CompactionHooks"]
 

@@ -50,7 +50,8 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from agentcompact import CompactionResult, DialectError, Engine, ValidationError, hookimpl
 from agentcompact.dialects import Dialect, Part, truncated
 
-from ._hosts import Conversations, conversation_key, json_safe
+from ._hosts import Conversations, conversation_key
+from ._requests import json_safe
 
 __all__ = ["Compaction", "PydanticAIDialect", "agentcompact_register_dialects"]
 
