@@ -48,7 +48,7 @@ def conversation_key(dialect: Dialect, messages: Sequence[Any], *, scope: str = 
 
 class Conversations:
     """One :class:`Engine` per conversation key, LRU-bounded, built from ``options`` (the
-    flat integration options of :func:`engine_from_options`, checked at once) or copied from
+    ``Engine`` keyword arguments of :func:`engine_from_options`, checked at once) or copied from
     ``engine``'s settings. Engines share one prefix store (keys are scoped by episode: the
     conversation key is each engine's ``episode_id``)."""
 

@@ -404,8 +404,8 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     or let :meth:`wrap` put it inside the model.
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`LangChainDialect`;
-        or leave it out and give ``trigger_tokens=`` (and any other ``Engine`` option, or
-        ``recent_turns=`` / ``min_recent_turns=``).
+        or leave it out and give ``budget=Budget(trigger_tokens=...)`` (and any other
+        ``Engine`` option).
     :param mode: ``"llm_input"`` (state keeps the full history) or ``"rewrite"``.
     :param system_prompt: / :param tools: what the model receives besides the state's
         messages (``create_react_agent``'s ``prompt`` and ``tools``): counted toward the
@@ -420,8 +420,7 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     """
 
     def __init__(
-        self, engine: Engine | None = None, *, trigger_tokens: int | None = None,
-        target_tokens: int | None = None, budget: Budget | None = None,
+        self, engine: Engine | None = None, *, budget: Budget | None = None,
         mode: Mode = "llm_input", episode_id: str | None = None, group_id: str | None = None,
         plugins: pluggy.PluginManager | None = None, messages_key: str = "messages",
         system_prompt: str | SystemMessage | None = None, tools: Sequence[Any] | None = None,
@@ -433,10 +432,8 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         if system_prompt is not None and not isinstance(system_prompt, (str, SystemMessage)):
             raise ConfigError(f"CompactionNode: system_prompt must be a str or SystemMessage, "
                               f"got {type(system_prompt).__name__}")
-        for key, value in (("trigger_tokens", trigger_tokens), ("target_tokens", target_tokens),
-                           ("budget", budget)):
-            if value is not None:
-                engine_kwargs[key] = value
+        if budget is not None:
+            engine_kwargs["budget"] = budget
         self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs, "CompactionNode")
         self.mode: Mode = mode
         self.messages_key = messages_key
@@ -553,8 +550,7 @@ def _check_fresh(previous: Sequence[Any], messages: Sequence[Any]) -> None:
             return
 
 
-def pre_model_hook(engine: Engine | None = None, *, trigger_tokens: int | None = None,
-                   **options: Any) -> CompactionNode:
+def pre_model_hook(engine: Engine | None = None, **options: Any) -> CompactionNode:
     """A ``pre_model_hook`` for ``langgraph.prebuilt.create_react_agent``.
 
     ``create_react_agent`` sends ``llm_input_messages`` to the model when the hook returns
@@ -564,7 +560,7 @@ def pre_model_hook(engine: Engine | None = None, *, trigger_tokens: int | None =
     counts them. LangGraph 1.x deprecates ``create_react_agent``: prefer
     ``langchain.agents.create_agent`` with :class:`CompactionMiddleware`.
     """
-    return CompactionNode(engine, trigger_tokens=trigger_tokens, **options)
+    return CompactionNode(engine, **options)
 
 
 # ---------------------------------------------------------------------- RL logging
@@ -654,23 +650,19 @@ class CompactionMiddleware(AgentMiddleware):
     or not it compacted: see its ``compacted`` / ``modified``).
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`LangChainDialect`, or
-        ``trigger_tokens=`` and other ``Engine`` options (``recent_turns=`` /
-        ``min_recent_turns=`` too), checked here.
+        ``budget=Budget(trigger_tokens=...)`` and other ``Engine`` options, checked here.
     :param episode_id: / :param group_id: stamped on logged calls (settable attributes).
     """
 
     def __init__(
-        self, engine: Engine | None = None, *, trigger_tokens: int | None = None,
-        target_tokens: int | None = None, budget: Budget | None = None,
+        self, engine: Engine | None = None, *, budget: Budget | None = None,
         episode_id: str | None = None, group_id: str | None = None,
         plugins: pluggy.PluginManager | None = None, record: bool = True,
         **engine_kwargs: Any,
     ) -> None:
         super().__init__()
-        for key, value in (("trigger_tokens", trigger_tokens), ("target_tokens", target_tokens),
-                           ("budget", budget)):
-            if value is not None:
-                engine_kwargs[key] = value
+        if budget is not None:
+            engine_kwargs["budget"] = budget
         self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs,
                                    "CompactionMiddleware")
         if not isinstance(record, bool):

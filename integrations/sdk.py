@@ -2,7 +2,7 @@
 
 Install with ``pip install agentcompact[sdk]``. One line::
 
-    client = agentcompact.integrations.sdk.compact(OpenAI(...), trigger_tokens=60000)
+    client = agentcompact.integrations.sdk.compact(OpenAI(...), budget=Budget(60000))
 
 Every call path that sends a context goes through the engine, sync and async clients alike,
 directly and through ``with_raw_response`` / ``with_streaming_response``:
@@ -672,9 +672,9 @@ def compact(client: Any, *, engine: Engine | Mapping[str, Any] | None = None,
 
     :param engine: an :class:`~agentcompact.Engine` (used for its own dialect; engines for the
         client's other endpoints copy its strategy and budget), or ``Engine`` keyword
-        arguments; or give them directly (``trigger_tokens=60000``; the :class:`Budget`
-        fields ``recent_turns`` / ``min_recent_turns`` / ``limit_tokens`` too). Options are
-        checked here: a bad one raises :class:`ConfigError` naming it.
+        arguments, given directly (``budget=Budget(trigger_tokens=60000)``, ``strategy=``
+        a name or a :class:`StrategySettings`). Options are checked here: a bad one raises
+        :class:`ConfigError` naming it.
     :param episode_id: / :param group_id: stamped on logged calls (default: a fresh episode).
     :param record: fire ``agentcompact_log_model_call`` for each call (default true).
     :param plugins: the plugin manager for engines and logging (default: the global one).

@@ -65,7 +65,7 @@ async def _run(server: RunningServer, callback: Any) -> tuple[str, Any]:
 
 
 async def test_tool_loop_stays_within_trigger(server: RunningServer) -> None:
-    callback = CompactionCallback(trigger_tokens=TRIGGER)
+    callback = CompactionCallback(budget=Budget(trigger_tokens=TRIGGER))
     final, session = await _run(server, callback)
     assert final == DONE
     bodies = [r.body for r in server.requests if r.path == "/v1/chat/completions"]

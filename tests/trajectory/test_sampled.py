@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from agentcompact import Budget
 from agentcompact.testing._completion import Completion
 from agentcompact.testing._openai_wire import ChatWire
 from agentcompact.testing._responses_wire import ResponsesWire
@@ -207,7 +208,7 @@ def _run_without_ids(run: Path, tokenizer: Any) -> None:
                     Reply("Fixed: naïve ✓."))
     with serve(UpstreamSim(script, tokenizer=tokenizer)) as server, openai.OpenAI(
             base_url=server.base_url + "/v1", api_key="k", max_retries=0) as raw:
-        client = compact(raw, trigger_tokens=100_000, plugins=pm)
+        client = compact(raw, budget=Budget(trigger_tokens=100_000), plugins=pm)
         messages: list[Any] = [{"role": "user", "content": "fix it"}]
         first = client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
                                                logprobs=True).choices[0].message
