@@ -150,8 +150,8 @@ async def litellm_arm(loop: Loop, base: str, arm: str, trigger: int) -> None:
 
     from agentcompact.integrations.litellm import CompactionCallback
 
-    litellm.callbacks = [CompactionCallback(trigger_tokens=trigger)] if arm == "agentcompact" \
-        else []
+    litellm.callbacks = ([CompactionCallback(budget=Budget(trigger_tokens=trigger))]
+                         if arm == "agentcompact" else [])
     extra: dict[str, Any] = {}
     if arm == "builtin":
         extra["context_management"] = {"edits": [{
@@ -203,8 +203,9 @@ async def agents_arm(loop: Loop, base: str, arm: str, trigger: int) -> None:
     async with AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-bench") as client:
         agent = Agent(name="engineer", instructions=loop.system, tools=[read_file],
                       model=OpenAIResponsesModel(model="sim-model", openai_client=client))
-        config = RunConfig(call_model_input_filter=CompactionFilter(trigger_tokens=trigger)) \
-            if arm == "agentcompact" else RunConfig()
+        budget = Budget(trigger_tokens=trigger)
+        config = (RunConfig(call_model_input_filter=CompactionFilter(budget=budget))
+                  if arm == "agentcompact" else RunConfig())
         session = None
         if arm == "builtin":
             # its compaction call names a model it supports; the simulator answers any
@@ -224,7 +225,7 @@ async def pydantic_ai_arm(loop: Loop, base: str, arm: str, trigger: int) -> None
 
     async with AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-bench") as client:
         model = OpenAIChatModel("sim-model", provider=OpenAIProvider(openai_client=client))
-        caps = [Compaction(trigger_tokens=trigger)] if arm == "agentcompact" else []
+        caps = [Compaction(budget=Budget(trigger_tokens=trigger))] if arm == "agentcompact" else []
         agent: Any = Agent(model, instructions=loop.system, capabilities=caps)
 
         @agent.tool_plain
@@ -253,7 +254,7 @@ async def adk_arm(loop: Loop, base: str, arm: str, trigger: int) -> None:
     agent = LlmAgent(name="engineer", instruction=loop.system, tools=[read_file],
                      model=LiteLlm(model="openai/sim-model", api_base=f"{base}/v1",
                                    api_key="sk-bench"),
-                     before_model_callback=CompactionCallback(trigger_tokens=trigger)
+                     before_model_callback=CompactionCallback(budget=Budget(trigger_tokens=trigger))
                      if arm == "agentcompact" else None)
     compaction = EventsCompactionConfig(token_threshold=trigger, event_retention_size=6) \
         if arm == "builtin" else None
@@ -350,9 +351,10 @@ async def _hooks(history: list[dict[str, Any]], calls: int) -> dict[str, list[fl
     steps = [m for m in history[2:]]
     times: dict[str, list[float]] = {k: [] for k in ("litellm (gateway)", "litellm (SDK)",
                                                      "openai-agents", "pydantic-ai", "adk")}
-    gateway, sdk = CompactionCallback(trigger_tokens=huge), CompactionCallback(trigger_tokens=huge)
-    filt, cap, adk = (CompactionFilter(trigger_tokens=huge), Compaction(trigger_tokens=huge),
-                      ADKCallback(trigger_tokens=huge))
+    budget = Budget(trigger_tokens=huge)
+    gateway, sdk = CompactionCallback(budget=budget), CompactionCallback(budget=budget)
+    filt, cap, adk = (CompactionFilter(budget=budget), Compaction(budget=budget),
+                      ADKCallback(budget=budget))
     agent = Agent(name="a", instructions="Be careful.", model_settings=ModelSettings())
     # native histories, built once (a framework re-sends the same objects each call)
     items: list[Any] = [{"role": "user", "content": "Read the logs."}]

@@ -35,7 +35,7 @@ def sent_tokens(body: dict[str, Any], meter: Engine) -> int:
 
 async def peak(wrapped: bool, args: argparse.Namespace, meter: Engine) -> tuple[int, int]:
     reads = [Reply.tool("read_file", {"path": f"src/m{i}.py"}) for i in range(args.steps)]
-    memory = CompactingMemory(trigger_tokens=args.trigger)
+    memory = CompactingMemory(budget=Budget(trigger_tokens=args.trigger))
     async with serve(UpstreamSim(Script(*reads, then=lambda body: "done"))) as server, \
             httpx.AsyncClient() as http:
         llm: Any = OpenAILike(model="m", api_base=server.base_url + "/v1", api_key="x",

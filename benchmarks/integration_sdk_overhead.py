@@ -63,7 +63,7 @@ def main() -> None:
         200, content=ANSWER, headers={"content-type": "application/json"}))
     raw = openai.OpenAI(api_key="x", base_url="http://sim/v1", max_retries=0,
                         http_client=httpx.Client(transport=transport))
-    wrapped = compact(raw, trigger_tokens=trigger, plugins=pm)
+    wrapped = compact(raw, budget=Budget(trigger_tokens=trigger), plugins=pm)
     engine = Engine(dialect="openai_chat", budget=Budget(trigger_tokens=trigger), plugins=pm)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coder."},
                                       {"role": "user", "content": "Fix the failing test."}]

@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.…histori
 import httpx  # noqa: E402 - after the offline tiktoken setting
 import orjson  # noqa: E402
 
-from agentcompact.integrations.proxy._reassemble import reassemble  # noqa: E402
 from agentcompact.testing import filler_text, serve  # noqa: E402
+from agentcompact.wire import reassemble  # noqa: E402
 from tests.integrations.proxy.histories import anthropic_history, chat_history  # noqa: E402
 
 

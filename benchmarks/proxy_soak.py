@@ -42,9 +42,9 @@ os.environ.setdefault(  # the shared data beside the checkout (../shared/data/ti
 import httpx  # noqa: E402 - after the offline tiktoken setting
 import orjson  # noqa: E402
 
-from agentcompact.integrations.proxy._reassemble import iter_sse  # noqa: E402
 from agentcompact.testing import filler_text  # noqa: E402
 from agentcompact.testing._script import split_tokens  # noqa: E402
+from agentcompact.wire import iter_sse  # noqa: E402
 
 PATHS = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
 

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ParamSpec
+from typing import Any
 
 import pluggy
 import xxhash
@@ -62,7 +62,6 @@ from .strategies._base import CompactionRequest, Rendered
 __all__ = ["CompactionResult", "Engine", "describe_error"]
 
 log = logging.getLogger("agentcompact")
-_P = ParamSpec("_P")
 
 
 
@@ -169,33 +168,6 @@ def _stable_repr(value: Any, depth: int = 0) -> str:
     return _ADDRESS.sub("", repr(value))
 
 
-#: constructor parameters that moved, and where to (a ``TypeError`` names them)
-_MOVED = {
-    "trigger_tokens": "budget=Budget(trigger_tokens=...)",
-    "target_tokens": "budget=Budget(..., target_tokens=...)",
-    "strategy_settings": "strategy=StrategySettings(name, options={...})",
-    "summarizer": "strategy=StrategySettings(name, summarizer=...)",
-    "base_url": "strategy=StrategySettings(name, base_url=...)",
-    "model": "strategy=StrategySettings(name, model=...)",
-    "api_key": "strategy=StrategySettings(name, api_key=...)",
-    "validate_output": "nothing: output is always validated",
-    "max_cached_messages": "counter=MessageMeter(counter, dialect, max_entries=...)",
-}
-
-
-def _named_moves(init: Callable[_P, None]) -> Callable[_P, None]:
-    """``Engine.__init__`` raising a ``TypeError`` that says where a moved parameter went
-    (type checkers and ``inspect.signature`` still see the real parameters)."""
-    @functools.wraps(init)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> None:
-        moved = [name for name in kwargs if name in _MOVED]
-        if moved:
-            where = "; ".join(f"{name}= is now {_MOVED[name]}" for name in moved)
-            raise TypeError(f"Engine() got moved parameter(s): {where}")
-        init(*args, **kwargs)
-    return wrapper
-
-
 def _check_settings(name: str, factory: Callable[..., Any], settings: dict[str, Any]) -> None:
     """A clear error when a strategy does not take the given settings (``summarizer`` or
     ``model`` given to ``cliff``, a misspelt knob), before anything is constructed."""
@@ -243,7 +215,6 @@ class Engine:
     manager), ``strict`` and ``episode_id``.
     """
 
-    @_named_moves
     def __init__(
         self,
         strategy: str | StrategySettings | Any = "cliff",

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._events import SummaryCall
 from .errors import ConfigError, SummarizerError, SummarizerOverflow
-from .trajectory._sampled import SampledTokens, from_chat_chunks, from_chat_completion
+from .wire import SampledTokens, from_chat_chunks, from_chat_completion
 
 if TYPE_CHECKING:
     import pluggy

@@ -8,6 +8,8 @@ ADK's LiteLlm client, calls a ``read_file`` tool 30 times. For a real model, giv
 import asyncio
 import os
 
+from agentcompact import Budget
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-list download
 
 from google.adk.agents import LlmAgent
@@ -38,7 +40,7 @@ def read_file(path: str) -> str:
 
 
 async def main(api_base):
-    callback = CompactionCallback(trigger_tokens=TRIGGER)
+    callback = CompactionCallback(budget=Budget(trigger_tokens=TRIGGER))
     agent = LlmAgent(name="engineer", instruction="You are a careful engineer.",
                      model=LiteLlm(model="openai/sim-model", api_base=api_base,
                                    api_key="sk-local"),

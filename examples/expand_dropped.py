@@ -8,7 +8,7 @@ import tempfile
 
 from openai import OpenAI
 
-from agentcompact import expand, open_archive, search_dropped
+from agentcompact import Budget, StrategySettings, expand, open_archive, search_dropped
 from agentcompact.integrations.expand_tools import ExpandTools
 from agentcompact.integrations.sdk import compact
 
@@ -21,7 +21,8 @@ archive = open_archive(os.path.join(tempfile.mkdtemp(), "archive.sqlite"))
 tools = ExpandTools(archive)  # expand / search_dropped, as tools the model may call
 
 with OpenAI(base_url=BASE_URL, api_key=os.environ.get("OPENAI_API_KEY", "x")) as raw:
-    client = compact(raw, trigger_tokens=2000, strategy_settings={"archive": archive})
+    client = compact(raw, budget=Budget(trigger_tokens=2000),
+                     strategy=StrategySettings("cliff", options={"archive": archive}))
     messages = [{"role": "user", "content": "Find the bug."}]
     while True:
         message = client.chat.completions.create(

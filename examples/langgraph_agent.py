@@ -9,7 +9,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 
-from agentcompact import hookimpl, new_plugin_manager
+from agentcompact import Budget, hookimpl, new_plugin_manager
 from agentcompact.integrations.langgraph import CompactionMiddleware
 
 BASE_URL = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8090/v1")
@@ -29,7 +29,7 @@ class PrintCompactions:
 
 pm = new_plugin_manager()
 pm.register(PrintCompactions())
-middleware = CompactionMiddleware(trigger_tokens=2000, plugins=pm,
+middleware = CompactionMiddleware(budget=Budget(trigger_tokens=2000), plugins=pm,
                                   episode_id="episode-1", group_id="fix-the-bug")
 model = ChatOpenAI(model="gpt-4o-mini", base_url=BASE_URL,
                    api_key=os.environ.get("OPENAI_API_KEY", "x"))

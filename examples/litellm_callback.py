@@ -9,6 +9,8 @@ import asyncio
 import json
 import os
 
+from agentcompact import Budget
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-list download
 
 import litellm
@@ -34,7 +36,7 @@ def read_file(path):
 
 
 async def main(api_base):
-    callback = CompactionCallback(trigger_tokens=TRIGGER)
+    callback = CompactionCallback(budget=Budget(trigger_tokens=TRIGGER))
     litellm.callbacks = [callback]  # every acompletion / Router call is compacted
     tools = [{"type": "function", "function": {
         "name": "read_file", "description": "Read a file.",

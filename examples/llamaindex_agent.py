@@ -7,7 +7,7 @@ import os
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.llms.openai_like import OpenAILike
 
-from agentcompact import hookimpl, new_plugin_manager
+from agentcompact import Budget, hookimpl, new_plugin_manager
 from agentcompact.integrations.llamaindex import CompactingMemory
 
 BASE_URL = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8090/v1")
@@ -30,7 +30,7 @@ async def main() -> None:
     llm = OpenAILike(model="gpt-4o-mini", api_base=BASE_URL,
                      api_key=os.environ.get("OPENAI_API_KEY", "x"),
                      is_chat_model=True, is_function_calling_model=True)
-    memory = CompactingMemory(trigger_tokens=2000, plugins=pm,
+    memory = CompactingMemory(budget=Budget(trigger_tokens=2000), plugins=pm,
                               episode_id="episode-1", group_id="fix-the-bug")
     compacting = memory.wrap(llm)
     agent = FunctionAgent(tools=[read_file], llm=compacting,

@@ -17,6 +17,7 @@ from agents import (
 )
 from openai import AsyncOpenAI
 
+from agentcompact import Budget
 from agentcompact.integrations.openai_agents import CompactionFilter
 from agentcompact.testing import Reply, Script, UpstreamSim, serve
 
@@ -41,7 +42,7 @@ def read_file(path: str) -> str:
 
 
 async def main(base_url):
-    compaction = CompactionFilter(trigger_tokens=TRIGGER)
+    compaction = CompactionFilter(budget=Budget(trigger_tokens=TRIGGER))
     async with AsyncOpenAI(base_url=base_url, api_key="sk-local") as client:
         agent = Agent(name="engineer", instructions="You are a careful engineer.",
                       tools=[read_file],

@@ -12,6 +12,7 @@ from pydantic_ai import Agent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
+from agentcompact import Budget
 from agentcompact.integrations.pydantic_ai import Compaction
 from agentcompact.testing import Reply, Script, UpstreamSim, serve
 
@@ -28,7 +29,7 @@ def stand_in(request):
 
 
 async def main(base_url):
-    compaction = Compaction(trigger_tokens=TRIGGER)
+    compaction = Compaction(budget=Budget(trigger_tokens=TRIGGER))
     async with AsyncOpenAI(base_url=base_url, api_key="sk-local") as client:
         model = OpenAIChatModel("sim-model", provider=OpenAIProvider(openai_client=client))
         agent = Agent(model, instructions="You are a careful engineer.",

@@ -8,7 +8,7 @@ import sys
 
 from openai import OpenAI
 
-from agentcompact import EpisodeEnd, new_plugin_manager
+from agentcompact import Budget, EpisodeEnd, new_plugin_manager
 from agentcompact.integrations.sdk import compact
 from agentcompact.plugins.recorder import Recorder
 
@@ -23,7 +23,7 @@ recorder = Recorder(RUN_DIR, metadata={"model": "gpt-4o-mini", "sampling": {"tem
 pm.register(recorder)
 
 with OpenAI(base_url=BASE_URL, api_key=os.environ.get("OPENAI_API_KEY", "x")) as raw:
-    client = compact(raw, trigger_tokens=2000, plugins=pm, group_id="fix-the-bug")
+    client = compact(raw, budget=Budget(trigger_tokens=2000), plugins=pm, group_id="fix-the-bug")
     for k in range(4):  # one GRPO group: four tries at the same task
         client.episode_id = f"fix-the-bug-{k}"
         messages = [{"role": "user", "content": "Find and fix the bug."}]

@@ -7,7 +7,7 @@ import os
 
 from openai import OpenAI
 
-from agentcompact import hookimpl, new_plugin_manager
+from agentcompact import Budget, hookimpl, new_plugin_manager
 from agentcompact.integrations.sdk import compact
 
 BASE_URL = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8090/v1")
@@ -26,7 +26,7 @@ class PrintCompactions:
 pm = new_plugin_manager()
 pm.register(PrintCompactions())
 with OpenAI(base_url=BASE_URL, api_key=os.environ.get("OPENAI_API_KEY", "x")) as raw:
-    client = compact(raw, trigger_tokens=2000, plugins=pm, episode_id="episode-1")
+    client = compact(raw, budget=Budget(trigger_tokens=2000), plugins=pm, episode_id="episode-1")
     messages = [{"role": "system", "content": "You are a careful coder."},
                 {"role": "user", "content": "Find and fix the bug."}]
     while True:

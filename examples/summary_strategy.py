@@ -7,7 +7,7 @@ import os
 
 from openai import OpenAI
 
-from agentcompact import hookimpl, new_plugin_manager
+from agentcompact import Budget, StrategySettings, hookimpl, new_plugin_manager
 from agentcompact.integrations.sdk import compact
 
 BASE_URL = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8090/v1")
@@ -33,9 +33,9 @@ class PrintCompactions:
 pm = new_plugin_manager()
 pm.register(PrintCompactions())
 with OpenAI(base_url=BASE_URL, api_key=os.environ.get("OPENAI_API_KEY", "x")) as raw:
-    client = compact(raw, trigger_tokens=2000, plugins=pm, strategy="summary",
-                     base_url=BASE_URL, model="gpt-4o-mini",  # the summarizer
-                     api_key=os.environ.get("OPENAI_API_KEY", "x"))
+    client = compact(raw, budget=Budget(trigger_tokens=2000), plugins=pm,
+                     strategy=StrategySettings("summary", base_url=BASE_URL, model="gpt-4o-mini",
+                                               api_key=os.environ.get("OPENAI_API_KEY", "x")))
     messages = [{"role": "user", "content": "Find the bug."}]
     while True:
         message = client.chat.completions.create(

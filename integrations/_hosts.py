@@ -11,7 +11,6 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
 import pluggy
 
 from agentcompact import ConfigError, Dialect, Engine, InMemoryPrefixStore
@@ -19,22 +18,10 @@ from agentcompact.dialects import digest_of
 
 from ._options import engine_from_options
 
-__all__ = ["Conversations", "conversation_key", "json_safe"]
+__all__ = ["Conversations", "conversation_key"]
 
 #: conversations whose engine is kept (LRU); a forgotten one starts with a cold engine
 DEFAULT_MAX_CONVERSATIONS = 256
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` as plain JSON data (SDK objects as their ``model_dump``, others as text)."""
-    return orjson.loads(orjson.dumps(value, default=_default))
-
-
-def _default(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json", exclude_none=True)
-    return str(value)
 
 
 def conversation_key(dialect: Dialect, messages: Sequence[Any], *, scope: str = "",
@@ -61,7 +48,7 @@ def conversation_key(dialect: Dialect, messages: Sequence[Any], *, scope: str = 
 
 class Conversations:
     """One :class:`Engine` per conversation key, LRU-bounded, built from ``options`` (the
-    flat integration options of :func:`engine_from_options`, checked at once) or copied from
+    ``Engine`` keyword arguments of :func:`engine_from_options`, checked at once) or copied from
     ``engine``'s settings. Engines share one prefix store (keys are scoped by episode: the
     conversation key is each engine's ``episode_id``)."""
 

@@ -36,11 +36,10 @@ import os
 import sys
 from typing import Any
 
-from agentcompact import SINGLE_TENANT, Tenant, tenant_of
+from agentcompact import SINGLE_TENANT, Tenant, open_archive, tenant_of
 from agentcompact.errors import ConfigError
+from agentcompact.extending import DEFAULT_PAGE_CHARS
 
-from .._archive import open_archive
-from .._expand import DEFAULT_PAGE_CHARS
 from ..stores import check_store_url, default_store_url
 from .expand_tools import EXPAND_DESCRIPTION, SEARCH_DESCRIPTION, _functions
 

@@ -3,7 +3,7 @@
 
 Install with ``pip install agentcompact[adk]``. One line::
 
-    agent = LlmAgent(..., before_model_callback=CompactionCallback(trigger_tokens=60000))
+    agent = LlmAgent(..., before_model_callback=CompactionCallback(budget=Budget(60000)))
 
 ADK builds each request's ``contents`` from the session's events; the callback replaces them
 with the compacted view just before the model is called (every step of the tool loop, any
@@ -48,7 +48,8 @@ from agentcompact import (
 )
 from agentcompact.dialects import Dialect, Part, digest_of, truncated
 
-from ._hosts import Conversations, conversation_key, json_safe
+from ._hosts import Conversations, conversation_key
+from ._requests import json_safe
 
 __all__ = ["CompactionCallback", "GenAIDialect", "agentcompact_register_dialects"]
 
@@ -184,8 +185,8 @@ class CompactionCallback:
     docstring). It returns ``None``: the request goes on to the model, compacted.
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`GenAIDialect`, whose
-        settings each session's engine copies; or leave it out and give ``trigger_tokens=``
-        (and any other ``Engine`` option), checked here.
+        settings each session's engine copies; or leave it out and give
+        ``budget=Budget(trigger_tokens=...)`` (and any other ``Engine`` option), checked here.
     :param max_conversations: ADK sessions whose engine is kept (LRU).
     """
 

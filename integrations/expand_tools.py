@@ -12,8 +12,9 @@ agent get the original back, verbatim, instead of re-running the tool:
   runs a tool call by name and returns its text.
 
 Pass the archive the engine's strategy writes to: ``engine.strategy.archive`` (a
-``MemoryArchive`` by default) or the same path given as ``strategy_settings={"archive":
-path}``. The MCP server (``agentcompact mcp``) serves the same two tools from a file.
+``MemoryArchive`` by default) or the same path given as
+``strategy=StrategySettings("cliff", options={"archive": path})``. The MCP server
+(``agentcompact mcp``) serves the same two tools from a file.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._archive import Archive, open_archive
-from .._expand import DEFAULT_PAGE_CHARS, expand_text, search_text
+from agentcompact import Archive, expand_text, open_archive
+from agentcompact.extending import DEFAULT_PAGE_CHARS, search_text
+
 from ..errors import ConfigError
 
 __all__ = [

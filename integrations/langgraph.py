@@ -60,15 +60,23 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 
-from .._budget import Budget
-from .._engine import CompactionResult, Engine
-from .._events import ModelCall, new_id
-from .._hookspecs import hookimpl
-from .._logging_hooks import log_model_call
-from ..dialects._base import Dialect, Part, head_tail
+from agentcompact import (
+    Budget,
+    CompactionResult,
+    Dialect,
+    Engine,
+    ModelCall,
+    Part,
+    hookimpl,
+    log_model_call,
+)
+from agentcompact.dialects import head_tail
+from agentcompact.extending import new_id
+from agentcompact.wire import from_chat_completion
+
 from ..errors import ConfigError, DialectError, ValidationError
-from ..trajectory._sampled import from_chat_completion
 from ._options import check_engine, engine_from_options
+from ._requests import MessageCopies, json_safe
 
 __all__ = [
     "CompactionMiddleware",
@@ -324,43 +332,18 @@ class _FixedTokens:
         return count
 
 
-def _json_safe(value: Any) -> Any:
-    return orjson.loads(orjson.dumps(value, default=str))
-
-
 def _usage_of(message: BaseMessage, result: LLMResult | None = None) -> dict[str, Any]:
     usage = getattr(message, "usage_metadata", None)
     if usage:
-        return _json_safe(dict(usage))  # type: ignore[no-any-return]  # JSON round trip
+        return json_safe(dict(usage))  # type: ignore[no-any-return]  # JSON round trip
     output = (result.llm_output or {}) if result is not None else {}
     token_usage = output.get("token_usage") or output.get("usage") or {}
-    return _json_safe(dict(token_usage))  # type: ignore[no-any-return]  # JSON round trip
+    return json_safe(dict(token_usage))  # type: ignore[no-any-return]  # JSON round trip
 
 
-class _OpenAIDicts:
-    """LangChain messages as JSON-safe OpenAI chat dicts, converted once per message object
-    (messages are immutable values once sent; a call's dicts are shared, not copied)."""
-
-    def __init__(self, max_entries: int = 20_000) -> None:
-        self._by_id: dict[int, tuple[BaseMessage, Any]] = {}
-        self._max = max_entries
-        self._lock = threading.Lock()
-
-    def __call__(self, messages: Sequence[BaseMessage]) -> list[Any]:
-        out: list[Any] = []
-        by_id = self._by_id
-        with self._lock:
-            for message in messages:
-                hit = by_id.get(id(message))
-                if hit is not None and hit[0] is message:
-                    out.append(hit[1])
-                    continue
-                converted = _json_safe(convert_to_openai_messages(message))
-                if len(by_id) >= self._max:
-                    by_id.clear()
-                by_id[id(message)] = (message, converted)
-                out.append(converted)
-        return out
+def _openai_dicts() -> MessageCopies:
+    """LangChain messages as JSON-safe OpenAI chat dicts, converted once per message object."""
+    return MessageCopies(lambda message: json_safe(convert_to_openai_messages(message)))
 
 
 def model_call_from_langchain(
@@ -375,11 +358,11 @@ def model_call_from_langchain(
     ``CompactionResult.modified`` for the call that produced it).
     """
     messages = (_convert(sent) if _convert is not None
-                else [_json_safe(convert_to_openai_messages(m)) for m in sent])
+                else [json_safe(convert_to_openai_messages(m)) for m in sent])
     reply = convert_to_openai_messages(response)
     return ModelCall(
         episode_id=episode_id, dialect="openai_chat", messages=messages,
-        response=[_json_safe(reply)], request=_json_safe(dict(request or {})),
+        response=[json_safe(reply)], request=json_safe(dict(request or {})),
         usage=dict(usage) if usage is not None else _usage_of(response), model=model,
         compacted=any(_DIALECT.is_synthetic(m) for m in sent), group_id=group_id,
         **_sampled_fields(response),
@@ -421,8 +404,8 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     or let :meth:`wrap` put it inside the model.
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`LangChainDialect`;
-        or leave it out and give ``trigger_tokens=`` (and any other ``Engine`` option, or
-        ``recent_turns=`` / ``min_recent_turns=``).
+        or leave it out and give ``budget=Budget(trigger_tokens=...)`` (and any other
+        ``Engine`` option).
     :param mode: ``"llm_input"`` (state keeps the full history) or ``"rewrite"``.
     :param system_prompt: / :param tools: what the model receives besides the state's
         messages (``create_react_agent``'s ``prompt`` and ``tools``): counted toward the
@@ -437,8 +420,7 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
     """
 
     def __init__(
-        self, engine: Engine | None = None, *, trigger_tokens: int | None = None,
-        target_tokens: int | None = None, budget: Budget | None = None,
+        self, engine: Engine | None = None, *, budget: Budget | None = None,
         mode: Mode = "llm_input", episode_id: str | None = None, group_id: str | None = None,
         plugins: pluggy.PluginManager | None = None, messages_key: str = "messages",
         system_prompt: str | SystemMessage | None = None, tools: Sequence[Any] | None = None,
@@ -450,10 +432,8 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         if system_prompt is not None and not isinstance(system_prompt, (str, SystemMessage)):
             raise ConfigError(f"CompactionNode: system_prompt must be a str or SystemMessage, "
                               f"got {type(system_prompt).__name__}")
-        for key, value in (("trigger_tokens", trigger_tokens), ("target_tokens", target_tokens),
-                           ("budget", budget)):
-            if value is not None:
-                engine_kwargs[key] = value
+        if budget is not None:
+            engine_kwargs["budget"] = budget
         self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs, "CompactionNode")
         self.mode: Mode = mode
         self.messages_key = messages_key
@@ -570,8 +550,7 @@ def _check_fresh(previous: Sequence[Any], messages: Sequence[Any]) -> None:
             return
 
 
-def pre_model_hook(engine: Engine | None = None, *, trigger_tokens: int | None = None,
-                   **options: Any) -> CompactionNode:
+def pre_model_hook(engine: Engine | None = None, **options: Any) -> CompactionNode:
     """A ``pre_model_hook`` for ``langgraph.prebuilt.create_react_agent``.
 
     ``create_react_agent`` sends ``llm_input_messages`` to the model when the hook returns
@@ -581,7 +560,7 @@ def pre_model_hook(engine: Engine | None = None, *, trigger_tokens: int | None =
     counts them. LangGraph 1.x deprecates ``create_react_agent``: prefer
     ``langchain.agents.create_agent`` with :class:`CompactionMiddleware`.
     """
-    return CompactionNode(engine, trigger_tokens=trigger_tokens, **options)
+    return CompactionNode(engine, **options)
 
 
 # ---------------------------------------------------------------------- RL logging
@@ -611,7 +590,7 @@ class ModelCallLogger(BaseCallbackHandler):
         self.episode_id = episode_id or new_id()
         self.group_id = group_id
         self.pm = plugins
-        self._dicts = _OpenAIDicts()  # each message converted once for this logger
+        self._dicts = _openai_dicts()  # each message converted once for this logger
         self._pending: dict[UUID, tuple[list[BaseMessage], dict[str, Any], dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
@@ -671,23 +650,19 @@ class CompactionMiddleware(AgentMiddleware):
     or not it compacted: see its ``compacted`` / ``modified``).
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`LangChainDialect`, or
-        ``trigger_tokens=`` and other ``Engine`` options (``recent_turns=`` /
-        ``min_recent_turns=`` too), checked here.
+        ``budget=Budget(trigger_tokens=...)`` and other ``Engine`` options, checked here.
     :param episode_id: / :param group_id: stamped on logged calls (settable attributes).
     """
 
     def __init__(
-        self, engine: Engine | None = None, *, trigger_tokens: int | None = None,
-        target_tokens: int | None = None, budget: Budget | None = None,
+        self, engine: Engine | None = None, *, budget: Budget | None = None,
         episode_id: str | None = None, group_id: str | None = None,
         plugins: pluggy.PluginManager | None = None, record: bool = True,
         **engine_kwargs: Any,
     ) -> None:
         super().__init__()
-        for key, value in (("trigger_tokens", trigger_tokens), ("target_tokens", target_tokens),
-                           ("budget", budget)):
-            if value is not None:
-                engine_kwargs[key] = value
+        if budget is not None:
+            engine_kwargs["budget"] = budget
         self.engine = _make_engine(engine, plugins, episode_id, engine_kwargs,
                                    "CompactionMiddleware")
         if not isinstance(record, bool):
@@ -699,7 +674,7 @@ class CompactionMiddleware(AgentMiddleware):
         self.tools = []
         self.last_result: CompactionResult | None = None
         self._fixed = _FixedTokens(self.engine)
-        self._dicts = _OpenAIDicts()  # each message converted once for this middleware
+        self._dicts = _openai_dicts()  # each message converted once for this middleware
 
     def _fixed_tokens(self, request: ModelRequest) -> int:
         return self._fixed(request.system_message, request.tools)

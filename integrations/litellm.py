@@ -9,7 +9,7 @@ Install with ``pip install agentcompact[litellm]``. In the proxy's ``config.yaml
 ``callback`` is built on first use from ``AGENTCOMPACT_TRIGGER`` (tokens, default 100000),
 ``AGENTCOMPACT_TARGET``, ``AGENTCOMPACT_STRATEGY`` (default ``cliff``) and
 ``AGENTCOMPACT_COUNTER`` (default ``tiktoken``); or put your own instance in a module beside
-the config (``handler = CompactionCallback(trigger_tokens=60000)``) and name it
+the config (``handler = CompactionCallback(budget=Budget(trigger_tokens=60000))``) and name it
 (``callbacks: my_callbacks.handler``).
 
 On the SDK path, add it to ``litellm.callbacks``: ``litellm.acompletion``,
@@ -47,6 +47,7 @@ import pluggy
 from litellm.integrations.custom_logger import CustomLogger
 
 from agentcompact import (
+    Budget,
     CompactionResult,
     ConfigError,
     Dialect,
@@ -57,20 +58,13 @@ from agentcompact import (
     log_model_call,
 )
 
-from ._hosts import Conversations, conversation_key, json_safe
+from ._hosts import Conversations, conversation_key
+from ._requests import RequestShape as _Shape
+from ._requests import json_safe
 
 __all__ = ["CompactionCallback", "callback"]  # noqa: F822 - callback: built on first read
 
 log = logging.getLogger("agentcompact.litellm")
-
-
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """Where one LiteLLM call type keeps its context."""
-
-    dialect: str
-    key: str  # the messages field
-    fixed: tuple[str, ...]  # fields besides the messages that the model receives
 
 
 _CHAT = _Shape("openai_chat", "messages", ("tools",))
@@ -107,8 +101,8 @@ class CompactionCallback(CustomLogger):
     """Compacts each request LiteLLM sends (see the module docstring).
 
     :param engine: an :class:`~agentcompact.Engine` whose settings every conversation's
-        engine copies; or leave it out and give ``trigger_tokens=`` (and any other ``Engine``
-        option: ``target_tokens``, ``strategy``, ``counter``, ``recent_turns``…), checked here.
+        engine copies; or leave it out and give ``budget=Budget(trigger_tokens=...)`` (and any
+        other ``Engine`` option: ``strategy``, ``counter``…), checked here.
     :param record: fire ``agentcompact_log_model_call`` for each successful call.
     :param max_conversations: conversations whose engine is kept (LRU).
     :param plugins: the plugin manager for engines and logging (default: the global one).
@@ -274,10 +268,9 @@ def _proxy_headers(data: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _from_env() -> CompactionCallback:
     env = os.environ
-    options: dict[str, Any] = {"trigger_tokens": _int_env("AGENTCOMPACT_TRIGGER", 100_000)}
-    target = _int_env("AGENTCOMPACT_TARGET", None)
-    if target is not None:
-        options["target_tokens"] = target
+    options: dict[str, Any] = {"budget": Budget(
+        trigger_tokens=_int_env("AGENTCOMPACT_TRIGGER", 100_000),
+        target_tokens=_int_env("AGENTCOMPACT_TARGET", None))}
     if env.get("AGENTCOMPACT_STRATEGY"):
         options["strategy"] = env["AGENTCOMPACT_STRATEGY"]
     if env.get("AGENTCOMPACT_COUNTER"):

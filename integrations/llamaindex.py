@@ -4,12 +4,12 @@ instrumentation handler that logs model calls.
 
 Install with ``pip install agentcompact[llamaindex]``::
 
-    memory = CompactingMemory(trigger_tokens=60000, episode_id="run-1")
+    memory = CompactingMemory(budget=Budget(trigger_tokens=60000), episode_id="run-1")
     agent = FunctionAgent(tools=tools, llm=memory.wrap(llm), system_prompt=prompt)
     with memory.logger:                      # log every LLM call (optional)
         await agent.run("fix the bug", memory=memory)
 
-:class:`CompactingLLM` (``memory.wrap(llm)``, or ``CompactingLLM(llm, trigger_tokens=...)``)
+:class:`CompactingLLM` (``memory.wrap(llm)``, or ``CompactingLLM(llm, budget=Budget(...))``)
 compacts what every LLM call of the agent receives - the system prompt, the memory, the
 current run's tool loop (which the agents keep in their own scratchpad, outside the
 memory) and the tool schemas all count toward the budget. The memory keeps the full
@@ -51,14 +51,21 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.memory import BaseMemory
 from pydantic import ConfigDict, PrivateAttr
 
-from .._budget import Budget
-from .._engine import CompactionResult, Engine
-from .._events import ModelCall, new_id
-from .._hookspecs import hookimpl
-from .._logging_hooks import log_model_call
-from ..dialects._base import Dialect, Part, head_tail
+from agentcompact import (
+    Budget,
+    CompactionResult,
+    Dialect,
+    Engine,
+    ModelCall,
+    Part,
+    hookimpl,
+    log_model_call,
+)
+from agentcompact.dialects import head_tail
+from agentcompact.extending import new_id
+from agentcompact.wire import from_chat_chunks, from_chat_completion
+
 from ..errors import ConfigError, DialectError, ValidationError
-from ..trajectory._sampled import from_chat_chunks, from_chat_completion
 from ._options import check_engine, engine_from_options
 
 __all__ = [
@@ -249,7 +256,7 @@ class CompactingLLM(FunctionCallingLLM):
 
     :param llm: the LLM to wrap (any LlamaIndex LLM; tool calls need a function-calling one).
     :param engine: an :class:`~agentcompact.Engine` with a :class:`LlamaIndexDialect`, or
-        ``trigger_tokens=`` and other ``Engine`` options.
+        ``budget=Budget(trigger_tokens=...)`` and other ``Engine`` options.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -259,15 +266,13 @@ class CompactingLLM(FunctionCallingLLM):
     _last: CompactionResult | None = PrivateAttr(default=None)
 
     def __init__(self, llm: Any, engine: Engine | None = None, *,
-                 trigger_tokens: int | None = None, target_tokens: int | None = None,
                  budget: Budget | None = None, episode_id: str | None = None,
                  plugins: pluggy.PluginManager | None = None, **engine_kwargs: Any) -> None:
         if not callable(getattr(llm, "achat", None)) or not hasattr(llm, "metadata"):
             raise ConfigError(f"CompactingLLM: llm must be a LlamaIndex LLM, got "
                               f"{type(llm).__name__}")
         super().__init__(llm=llm)
-        options = _options(engine_kwargs, trigger_tokens=trigger_tokens,
-                           target_tokens=target_tokens, budget=budget)
+        options = _options(engine_kwargs, budget=budget)
         self._engine = _make_engine(engine, plugins, episode_id, options, "CompactingLLM")
 
     @classmethod
@@ -373,7 +378,8 @@ class CompactingMemory(BaseMemory):
     """Agent memory that keeps the full history and hands the model a compacted view.
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`LlamaIndexDialect`, or
-        ``trigger_tokens=`` (and any other ``Engine`` option), checked here.
+        ``budget=Budget(trigger_tokens=...)`` (and any other ``Engine``
+        option), checked here.
     :param episode_id: / :param group_id: stamped on compaction events and on the model
         calls :attr:`logger` records.
 
@@ -392,14 +398,12 @@ class CompactingMemory(BaseMemory):
     _logger: ModelCallLogger | None = PrivateAttr(default=None)
     _wrapped: bool = PrivateAttr(default=False)
 
-    def __init__(self, engine: Engine | None = None, *, trigger_tokens: int | None = None,
-                 target_tokens: int | None = None, budget: Budget | None = None,
+    def __init__(self, engine: Engine | None = None, *, budget: Budget | None = None,
                  episode_id: str | None = None, group_id: str | None = None,
                  plugins: pluggy.PluginManager | None = None,
                  history: Sequence[ChatMessage] = (), **engine_kwargs: Any) -> None:
         super().__init__(history=_checked(history, "CompactingMemory"))
-        options = _options(engine_kwargs, trigger_tokens=trigger_tokens,
-                           target_tokens=target_tokens, budget=budget)
+        options = _options(engine_kwargs, budget=budget)
         self._engine = _make_engine(engine, plugins, episode_id, options, "CompactingMemory")
         self._episode_id = episode_id or self._engine.episode_id or new_id()
         self._group_id = group_id

@@ -3,7 +3,7 @@ model call of a ``Runner.run`` / ``Runner.run_streamed``.
 
 Install with ``pip install agentcompact[openai-agents]``. One line::
 
-    compaction = CompactionFilter(trigger_tokens=60000)
+    compaction = CompactionFilter(budget=Budget(trigger_tokens=60000))
     result = await Runner.run(agent, task, run_config=RunConfig(
         call_model_input_filter=compaction), hooks=compaction.hooks)
 
@@ -42,7 +42,8 @@ from agentcompact import (
     log_model_call,
 )
 
-from ._hosts import Conversations, conversation_key, json_safe
+from ._hosts import Conversations, conversation_key
+from ._requests import json_safe
 
 __all__ = ["CompactionFilter", "CompactionHooks"]
 
@@ -96,7 +97,8 @@ class CompactionFilter:
 
     :param engine: an :class:`~agentcompact.Engine` of dialect ``openai_responses`` whose
         settings each conversation's engine copies; or leave it out and give
-        ``trigger_tokens=`` (and any other ``Engine`` option), checked here.
+        ``budget=Budget(trigger_tokens=...)`` (and any other ``Engine``
+        option), checked here.
     :param max_conversations: conversations whose engine is kept (LRU).
     :param plugins: the plugin manager for engines and logging (default: the global one).
     """

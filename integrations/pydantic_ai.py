@@ -3,7 +3,7 @@ request of an ``Agent`` run receives.
 
 Install with ``pip install agentcompact[pydantic-ai]``. One line::
 
-    agent = Agent(model, tools=[...], capabilities=[Compaction(trigger_tokens=60000)])
+    agent = Agent(model, tools=[...], capabilities=[Compaction(budget=Budget(60000))])
 
 Every model request of the run (each step of the tool loop, streamed or not) is sent with
 its messages compacted (``wrap_model_request``); the run's own history
@@ -50,7 +50,8 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from agentcompact import CompactionResult, DialectError, Engine, ValidationError, hookimpl
 from agentcompact.dialects import Dialect, Part, truncated
 
-from ._hosts import Conversations, conversation_key, json_safe
+from ._hosts import Conversations, conversation_key
+from ._requests import json_safe
 
 __all__ = ["Compaction", "PydanticAIDialect", "agentcompact_register_dialects"]
 
@@ -218,7 +219,8 @@ class Compaction(AbstractCapability[Any]):
 
     :param engine: an :class:`~agentcompact.Engine` with a :class:`PydanticAIDialect`, whose
         settings each conversation's engine copies; or leave it out and give
-        ``trigger_tokens=`` (and any other ``Engine`` option), checked here.
+        ``budget=Budget(trigger_tokens=...)`` (and any other ``Engine``
+        option), checked here.
     :param max_conversations: conversations whose engine is kept (LRU): a conversation is
         the digest of its first request, so a run continuing an earlier run's
         ``message_history`` finds its engine and stored prefix again.

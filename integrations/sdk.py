@@ -2,7 +2,7 @@
 
 Install with ``pip install agentcompact[sdk]``. One line::
 
-    client = agentcompact.integrations.sdk.compact(OpenAI(...), trigger_tokens=60000)
+    client = agentcompact.integrations.sdk.compact(OpenAI(...), budget=Budget(60000))
 
 Every call path that sends a context goes through the engine, sync and async clients alike,
 directly and through ``with_raw_response`` / ``with_streaming_response``:
@@ -36,19 +36,19 @@ import inspect
 import logging
 import operator
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
-import orjson
 import pluggy
 
-from .._engine import CompactionResult, Engine
-from .._events import ModelCall, new_id
-from .._logging_hooks import log_model_call
+from agentcompact import CompactionResult, Engine, ModelCall, log_model_call
+from agentcompact.extending import new_id
+from agentcompact.wire import Reassembled, from_body, reassembler
+
 from ..errors import ConfigError, DialectError
 from ._options import engine_from_options
-from .proxy._reassemble import Reassembled, from_body, reassembler
+from ._requests import MessageCopies, json_safe
+from ._requests import RequestShape as _Endpoint
 
 __all__ = ["CompactedClient", "Session", "compact"]
 
@@ -94,35 +94,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-class _Converted:
-    """Each message of a history as a plain dict, and as a JSON-safe copy for the log,
-    converted once per message object (histories are taken as immutable once sent, as
-    the engine takes them): an agent's next call re-sends the same objects."""
-
-    def __init__(self, max_entries: int = 20_000) -> None:
-        self._plain: dict[int, tuple[Any, Any]] = {}
-        self._safe: dict[int, tuple[Any, Any]] = {}
-        self._max = max_entries
-
-    def _each(self, cache: dict[int, tuple[Any, Any]], messages: Sequence[Any],
-              convert: Callable[[Any], Any]) -> list[Any]:
-        out = []
-        for message in messages:
-            hit = cache.get(id(message))
-            if hit is None or hit[0] is not message:
-                if len(cache) >= self._max:
-                    cache.clear()
-                hit = cache[id(message)] = (message, convert(message))
-            out.append(hit[1])
-        return out
-
-    def plain(self, messages: Sequence[Any]) -> list[Any]:
-        return self._each(self._plain, messages, _plain)
-
-    def safe(self, messages: Sequence[Any]) -> list[Any]:
-        return self._each(self._safe, messages, _json_safe)
-
-
 def _dump(value: Any) -> Any:
     dump = getattr(value, "model_dump", None)
     return dump(mode="json", exclude_none=True) if callable(dump) else value
@@ -140,13 +111,9 @@ def _unparsed(value: Any, depth: int = 0) -> Any:
     return value
 
 
-def _json_safe(value: Any) -> Any:
-    return orjson.loads(orjson.dumps(value, default=str))
-
-
 def _request_fields(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     fields = {key: _plain(kwargs[key]) for key in _REQUEST_KEYS if _given(kwargs.get(key))}
-    return _json_safe(fields)  # type: ignore[no-any-return]  # JSON round trip
+    return json_safe(fields)  # type: ignore[no-any-return]  # JSON round trip
 
 
 class Session:
@@ -182,7 +149,9 @@ class Session:
         self.group_id = group_id
         self.policy_version = 0
         self.record = record
-        self.converted = _Converted()
+        #: each message as a plain dict, and as a JSON-safe copy for the log, converted once
+        self.plain_messages = MessageCopies(_plain)
+        self.safe_messages = MessageCopies(json_safe)
         self.lock = threading.Lock()
 
     def engine(self, dialect: str) -> Engine:
@@ -203,11 +172,11 @@ class Session:
     def log(self, dialect: str, messages: list[Any], got: Reassembled,
             kwargs: Mapping[str, Any], result: CompactionResult | None) -> None:
         with self.lock:
-            safe = self.converted.safe(messages)
+            safe = self.safe_messages(messages)
         call = ModelCall(
             episode_id=self.episode_id, dialect=dialect, messages=safe,
-            response=_json_safe(_unparsed(got.response)), request=_request_fields(kwargs),
-            usage=_json_safe(got.usage or {}), model=str(got.model) if got.model else None,
+            response=json_safe(_unparsed(got.response)), request=_request_fields(kwargs),
+            usage=json_safe(got.usage or {}), model=str(got.model) if got.model else None,
             compacted=bool(result is not None and result.modified), group_id=self.group_id,
             policy_version=self.policy_version, **got.model_call_fields(),
         )
@@ -215,15 +184,6 @@ class Session:
 
 
 # ------------------------------------------------------------------ the call paths
-
-
-@dataclass(frozen=True)
-class _Endpoint:
-    """How one resource's requests carry their context."""
-
-    dialect: str
-    key: str  # the messages field
-    fixed: tuple[str, ...]  # fields besides the messages that the model receives
 
 
 _CHAT = _Endpoint("openai_chat", "messages", ("tools",))
@@ -282,7 +242,7 @@ class _Prepared:
             kwargs.get("previous_response_id"))
         if self.active and isinstance(native, (list, tuple)):
             with session.lock:
-                self.native = session.converted.plain(native)
+                self.native = session.plain_messages(native)
             for i, message in enumerate(self.native):
                 if not isinstance(message, dict):
                     raise DialectError(f"{endpoint.dialect}: {endpoint.key}[{i}] is "
@@ -712,9 +672,9 @@ def compact(client: Any, *, engine: Engine | Mapping[str, Any] | None = None,
 
     :param engine: an :class:`~agentcompact.Engine` (used for its own dialect; engines for the
         client's other endpoints copy its strategy and budget), or ``Engine`` keyword
-        arguments; or give them directly (``trigger_tokens=60000``; the :class:`Budget`
-        fields ``recent_turns`` / ``min_recent_turns`` / ``limit_tokens`` too). Options are
-        checked here: a bad one raises :class:`ConfigError` naming it.
+        arguments, given directly (``budget=Budget(trigger_tokens=60000)``, ``strategy=``
+        a name or a :class:`StrategySettings`). Options are checked here: a bad one raises
+        :class:`ConfigError` naming it.
     :param episode_id: / :param group_id: stamped on logged calls (default: a fresh episode).
     :param record: fire ``agentcompact_log_model_call`` for each call (default true).
     :param plugins: the plugin manager for engines and logging (default: the global one).

@@ -6,14 +6,8 @@ The plugin manager's public functions are re-exported here (and from ``agentcomp
 
 from __future__ import annotations
 
-from agentcompact._pluginmanager import (
-    get_dialect,
-    get_plugin_manager,
-    get_strategy_factory,
-    load_plugins,
-    new_plugin_manager,
-    registry,
-)
+from agentcompact import get_dialect, get_plugin_manager, new_plugin_manager
+from agentcompact.extending import get_strategy_factory, load_plugins, registry
 
 __all__ = [
     "get_dialect",

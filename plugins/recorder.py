@@ -34,10 +34,9 @@ from typing import Any
 
 import orjson
 
-from agentcompact._events import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall, new_id
-from agentcompact._hookspecs import hookimpl
-from agentcompact._redact import redact
+from agentcompact import CompactionEvent, EpisodeEnd, ModelCall, SummaryCall, hookimpl, redact
 from agentcompact.errors import TrajectoryError
+from agentcompact.extending import new_id
 
 __all__ = ["EVENTS_FILE", "EVENTS_FORMAT", "Recorder"]
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from agentcompact import hookimpl, typed_pieces
 
 if TYPE_CHECKING:
-    from agentcompact.dialects._base import Dialect
+    from agentcompact import Dialect
 
 __all__ = ["MAX_CHARS", "PLUGIN_NAME", "RULE_PATTERN", "agentcompact_pin", "is_rule",
            "typed_text"]

@@ -25,7 +25,7 @@ from agentcompact._events import EpisodeEnd, ModelCall
 from agentcompact._summarizer import LocalSummarizer, SummaryOutput
 from agentcompact.rl.ppo import OldLogprobs, collate_step, policy_loss_from_hidden
 from agentcompact.rl.torch_data import move_to
-from agentcompact.trajectory._sampled import SampledTokens
+from agentcompact.wire import SampledTokens
 
 __all__ = ["Lockstep", "Step", "TorchPolicy", "end_episode", "play", "train_on"]
 

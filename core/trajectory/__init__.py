@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..wire import SampledTokens
 from ._events_log import read_events
 from ._importers import import_trajectories
 from ._loaders import (
@@ -23,7 +24,6 @@ from ._loaders import (
     load,
     tau_bench_groups,
 )
-from ._sampled import SampledTokens
 
 if TYPE_CHECKING:
     from ._memory import (

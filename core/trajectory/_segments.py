@@ -30,7 +30,7 @@ import orjson
 from .._events import CompactionEvent, ModelCall, SummaryCall
 from ..dialects._base import Dialect, digest_of
 from ..errors import TokenizerError, TrajectoryError
-from ._sampled import token_ids_from_bytes
+from ..wire import token_ids_from_bytes
 from ._tokenize import (
     ChatTokenizer,
     PrefixBreak,

@@ -47,22 +47,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from agentcompact import SINGLE_TENANT, Tenant, __version__
-from agentcompact._budget import Budget
-from agentcompact._engine import CompactionResult, Engine
-from agentcompact._events import ModelCall
-from agentcompact._logging_hooks import log_model_call
-from agentcompact._settings import StrategySettings
-from agentcompact._store import InMemoryPrefixStore, PrefixStore
-from agentcompact._tokens import MessageMeter, make_counter
-from agentcompact.dialects._base import Dialect
+from agentcompact import (
+    SINGLE_TENANT,
+    Budget,
+    CompactionResult,
+    Dialect,
+    Engine,
+    InMemoryPrefixStore,
+    ModelCall,
+    PrefixStore,
+    StrategySettings,
+    Tenant,
+    __version__,
+    log_model_call,
+)
+from agentcompact.extending import MessageMeter, make_counter
 from agentcompact.plugins import get_plugin_manager, registry
+from agentcompact.wire import Reassembled
 
 from ._bodies import BodyCache, Common, Parsed, encode
 from ._config import ProxyConfig
 from ._observe import DebugDumper, ExchangeLog, ProxyStats
 from ._offloop import EngineLoop, does_io
-from ._reassemble import Reassembled
 from ._recording import Recording, RecordingThread
 from ._relay import WATCH_KEY, BufferedResponse, ClientWatch, RelayResponse, until_disconnect
 from ._speculation import Speculation

@@ -44,8 +44,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from agentcompact import Budget, EpisodeEnd, hookimpl, log_episode_end, new_plugin_manager
-from agentcompact._events import CompactionEvent, ModelCall, SummaryCall
+from agentcompact import (
+    Budget,
+    CompactionEvent,
+    EpisodeEnd,
+    ModelCall,
+    SummaryCall,
+    hookimpl,
+    log_episode_end,
+    new_plugin_manager,
+)
 from agentcompact.errors import ConfigError
 from agentcompact.rl.rollout import TriggerDraw, write_batch
 from agentcompact.trajectory import EpisodeCollector, EpisodeRows, episode_rows, group_advantages
@@ -206,7 +214,7 @@ class RLGateway:
     """
 
     def __init__(self, config: GatewayConfig, trigger: int, pm: pluggy.PluginManager) -> None:
-        from agentcompact.trajectory._tokenize import ChatTokenizer
+        from agentcompact.extending import ChatTokenizer
 
         out = Path(config.out) if config.out is not None else None
         if out is not None and out.exists() and any(out.iterdir()):

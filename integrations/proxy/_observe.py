@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
-from ..._redact import redact
-from ..._redact import redact_headers as _redact_headers
+from agentcompact import redact
+from agentcompact.extending import redact_headers as _redact_headers
 
 __all__ = ["DebugDumper", "ExchangeLog", "ProxyStats", "SessionStats", "redact_headers",
            "redact_json"]

@@ -5,7 +5,7 @@ The relay hands every chunk it sends the client to the answer's :class:`Recordin
 go to the :class:`RecordingThread`, which removes the content coding the upstream applied
 (``Content-Encoding``: ``gzip``, ``deflate``, ``br`` with the ``brotli`` module, ``zstd``
 with a zstd module; several in turn), splits a stream into its events as they come
-(:class:`~agentcompact.integrations.proxy._reassemble.SSEReader`) and feeds them to the
+(:class:`~agentcompact.wire.SSEReader`) and feeds them to the
 reassembler; at the end it logs the model call there (the recorder's write included).
 Memory holds a batch and the reassembled answer, never a copy of the whole stream; the
 loop never parses. A call that cannot be read (a coding that cannot be decoded here, a
@@ -24,15 +24,9 @@ from typing import Any
 
 import orjson
 
+from agentcompact.wire import Reassembled, SSEReader, from_body, iter_events, reassembler
+
 from ._memory import release_freed
-from ._reassemble import (
-    _PARSE_BATCH,
-    Reassembled,
-    SSEReader,
-    from_body,
-    parse_events,
-    reassembler,
-)
 
 __all__ = ["Recording", "RecordingThread", "Unreadable", "content_decoder"]
 
@@ -281,11 +275,9 @@ class Recording:
 
     def _feed_events(self, payloads: list[bytes]) -> None:
         add = self._events.add
-        for start in range(0, len(payloads), _PARSE_BATCH):
-            events = parse_events(payloads[start:start + _PARSE_BATCH])
-            for event in events:
-                add(event)
-            self._seen += len(events)
+        for event in iter_events(payloads):
+            add(event)
+            self._seen += 1
 
     def _finish(self, log_call: Callable[[Reassembled], None],
                 unread: Callable[[], None] | None = None) -> None:

@@ -15,9 +15,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from agentcompact._engine import Engine
-from agentcompact._tokens import MessageMeter
+from agentcompact import Engine
 from agentcompact.errors import ConfigError
+from agentcompact.extending import MessageMeter
 
 __all__ = ["Speculation"]
 

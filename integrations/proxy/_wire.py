@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from agentcompact.dialects._base import Dialect, digest_of
+from agentcompact.dialects import Dialect, digest_of
+from agentcompact.wire import ANTHROPIC, CHAT, GEMINI, RESPONSES
 
 __all__ = [
     "ANTHROPIC",
@@ -38,8 +39,6 @@ __all__ = [
     "session_key",
     "upstream_of",
 ]
-
-ANTHROPIC, CHAT, RESPONSES, GEMINI = "anthropic", "openai_chat", "openai_responses", "gemini"
 
 #: RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the proxy recomputes itself.
 _HOP_BY_HOP = frozenset({

@@ -44,6 +44,9 @@ PUBLIC: dict[str, list[str]] = {
     "agentcompact.dialects": ["AnthropicDialect", "Dialect", "GeminiDialect",
         "OpenAIChatDialect", "OpenAIResponsesDialect", "Part", "digest_of", "head_tail",
         "truncated"],
+    "agentcompact.extending": ["ChatTokenizer", "DEFAULT_PAGE_CHARS", "MessageMeter",
+        "get_strategy_factory", "load_plugins", "make_counter", "new_id", "redact_headers",
+        "registry", "search_text"],
     "agentcompact.errors": ["AgentCompactError", "ArchiveError", "CompactionError",
         "ConfigError", "DialectError", "ExportError", "OverBudgetError", "PluginError",
         "ProxyError", "SegmentRowError", "StoreError", "SummarizerError", "SummarizerOverflow",
@@ -124,6 +127,11 @@ PUBLIC: dict[str, list[str]] = {
         "default_start_method", "export_runs", "iter_export_rows", "read_export",
         "validate_export"],
     "agentcompact.trajectory.ray_export": ["RayEpisodes", "export_runs_ray"],
+    "agentcompact.wire": ["ANTHROPIC", "CHAT", "GEMINI", "RESPONSES", "Reassembled",
+        "Reassembler", "SSEReader", "SampledTokens", "from_body", "from_chat_chunks",
+        "from_chat_completion", "from_responses", "iter_events", "iter_sse", "parse_events",
+        "read_chat", "reassemble", "reassemble_events", "reassembler",
+        "token_ids_from_bytes"],
 }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agentcompact import Budget, StrategySettings
 from agentcompact._archive import ArchivedItem, MemoryArchive, handle_of
 from agentcompact.integrations.expand_tools import ExpandTools
 
@@ -108,9 +109,10 @@ def test_langgraph_agent_expands_a_dropped_result(server: RunningServer) -> None
     from agentcompact.integrations.langgraph import CompactionMiddleware
 
     archive = MemoryArchive()
-    middleware = CompactionMiddleware(trigger_tokens=2_500, target_tokens=1_200,
+    middleware = CompactionMiddleware(budget=Budget(trigger_tokens=2_500, target_tokens=1_200),
                                       plugins=new_plugin_manager(),
-                                      strategy_settings={"archive": archive})
+                                      strategy=StrategySettings("cliff",
+                                                                options={"archive": archive}))
     model = ChatOpenAI(model="gpt-sim", base_url=server.base_url + "/v1", api_key="x",
                        max_retries=0)
     agent = create_agent(model, [read_file, *langchain_tools(archive)],

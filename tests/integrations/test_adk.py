@@ -66,7 +66,7 @@ async def _run(server: RunningServer, callback: Any, **agent_options: Any) -> tu
 
 
 async def test_tool_loop_stays_within_trigger(server: RunningServer) -> None:
-    callback = CompactionCallback(trigger_tokens=TRIGGER)
+    callback = CompactionCallback(budget=Budget(trigger_tokens=TRIGGER))
     final, session = await _run(server, callback)
     assert final == DONE
     bodies = [r.body for r in server.requests if r.path == "/v1/chat/completions"]
@@ -93,7 +93,7 @@ async def test_recorded_calls_export_to_rows(server: RunningServer, pm: Any, col
 
     recorder = Recorder(tmp_path / "run")
     pm.register(recorder)
-    callback = CompactionCallback(trigger_tokens=TRIGGER, plugins=pm)
+    callback = CompactionCallback(budget=Budget(TRIGGER), plugins=pm)
     final, _ = await _run(server, callback, after_model_callback=callback.record)
     recorder.close()
     assert final == DONE

@@ -187,7 +187,7 @@ def test_node_passes_kept_messages_by_reference() -> None:
         history.append(AIMessage("", tool_calls=[{"name": "read_file", "args": {"path": str(i)},
                                                   "id": f"c{i}"}]))
         history.append(ToolMessage(filler_text(400), tool_call_id=f"c{i}"))
-    node = CompactionNode(trigger_tokens=TRIGGER)
+    node = CompactionNode(budget=Budget(trigger_tokens=TRIGGER))
     update = node({"messages": history})
     sent = update["llm_input_messages"]
     assert len(sent) < len(history) and node.last_result is not None
@@ -237,7 +237,7 @@ def run_config(node: CompactionNode, thread: str = "t1") -> dict[str, Any]:
 def test_state_graph_node_compacts_what_the_model_sees(
     server: RunningServer, pm: Any, collector: Collector
 ) -> None:
-    node = CompactionNode(trigger_tokens=TRIGGER, plugins=pm, episode_id="ep-graph",
+    node = CompactionNode(budget=Budget(trigger_tokens=TRIGGER), plugins=pm, episode_id="ep-graph",
                           group_id="task-1")
     graph = build_graph(server, node)
     config = run_config(node)
@@ -272,7 +272,7 @@ def test_state_graph_node_compacts_what_the_model_sees(
 async def test_async_graph_streams_and_compacts(
     server: RunningServer, pm: Any, collector: Collector
 ) -> None:
-    node = CompactionNode(trigger_tokens=TRIGGER, plugins=pm)
+    node = CompactionNode(budget=Budget(trigger_tokens=TRIGGER), plugins=pm)
     graph = build_graph(server, node, streaming=True)
     config = run_config(node, "async")
     chunks = 0
@@ -290,7 +290,7 @@ async def test_async_graph_streams_and_compacts(
 
 
 def test_rewrite_mode_replaces_state(server: RunningServer, pm: Any) -> None:
-    node = CompactionNode(trigger_tokens=TRIGGER, mode="rewrite", plugins=pm)
+    node = CompactionNode(budget=Budget(trigger_tokens=TRIGGER), mode="rewrite", plugins=pm)
     graph = build_graph(server, node)
     config = run_config(node, "rewrite")
     for stream_item in graph.stream({"messages": [HumanMessage("Fix the bug.")]}, config,
@@ -313,7 +313,7 @@ def test_create_react_agent_pre_model_hook(
 ) -> None:
     from langgraph.prebuilt import create_react_agent
 
-    hook = pre_model_hook(trigger_tokens=TRIGGER, plugins=pm, episode_id="ep-react")
+    hook = pre_model_hook(budget=Budget(trigger_tokens=TRIGGER), plugins=pm, episode_id="ep-react")
     with warnings.catch_warnings():  # create_react_agent is deprecated in langgraph 1.x
         warnings.simplefilter("ignore", DeprecationWarning)
         agent = create_react_agent(chat_model(server), TOOLS, pre_model_hook=hook,
@@ -339,7 +339,7 @@ def make_agent(server: RunningServer, middleware: CompactionMiddleware, **extra:
 
 
 def test_create_agent_middleware(server: RunningServer, pm: Any, collector: Collector) -> None:
-    middleware = CompactionMiddleware(trigger_tokens=TRIGGER, plugins=pm,
+    middleware = CompactionMiddleware(budget=Budget(trigger_tokens=TRIGGER), plugins=pm,
                                       episode_id="ep-mw", group_id="g")
     agent = make_agent(server, middleware)
     config = {"configurable": {"thread_id": "mw"}}
@@ -361,7 +361,7 @@ def test_create_agent_middleware(server: RunningServer, pm: Any, collector: Coll
 async def test_create_agent_middleware_async_streaming(
     server: RunningServer, pm: Any, collector: Collector
 ) -> None:
-    middleware = CompactionMiddleware(trigger_tokens=TRIGGER, plugins=pm)
+    middleware = CompactionMiddleware(budget=Budget(trigger_tokens=TRIGGER), plugins=pm)
     agent = make_agent(server, middleware, streaming=True)
     config = {"configurable": {"thread_id": "mw-async"}}
     async for _ in agent.astream({"messages": [HumanMessage("Fix the bug.")]}, config,
@@ -407,7 +407,7 @@ def test_create_agent_counts_a_15k_system_prompt(pm: Any, collector: Collector) 
     from langchain.agents import create_agent
 
     with serve(looping_sim()) as server:
-        middleware = CompactionMiddleware(trigger_tokens=BIG_TRIGGER, plugins=pm)
+        middleware = CompactionMiddleware(budget=Budget(trigger_tokens=BIG_TRIGGER), plugins=pm)
         agent = create_agent(chat_model(server), TOOLS, system_prompt=BIG_PROMPT,
                              middleware=[middleware])
         state = agent.invoke({"messages": [HumanMessage("Fix the bug.")]},
@@ -423,7 +423,8 @@ def test_pre_model_hook_counts_the_prompt_it_is_told(pm: Any, collector: Collect
     from langgraph.prebuilt import create_react_agent
 
     with serve(looping_sim()) as server:
-        hook = pre_model_hook(trigger_tokens=BIG_TRIGGER, plugins=pm, system_prompt=BIG_PROMPT,
+        hook = pre_model_hook(budget=Budget(trigger_tokens=BIG_TRIGGER), plugins=pm,
+                              system_prompt=BIG_PROMPT,
                               tools=TOOLS)
         with warnings.catch_warnings():  # create_react_agent is deprecated in langgraph 1.x
             warnings.simplefilter("ignore")
@@ -462,7 +463,8 @@ def bypass_graph(model: Any, node: CompactionNode | None) -> Any:
 def test_wrapped_model_cannot_be_bypassed(pm: Any, collector: Collector) -> None:
     """node.wrap(model) compacts inside the model: a tools -> agent edge cannot skip it."""
     with serve(looping_sim()) as server:
-        node = CompactionNode(trigger_tokens=BIG_TRIGGER, plugins=pm, system_prompt=None)
+        node = CompactionNode(budget=Budget(trigger_tokens=BIG_TRIGGER), plugins=pm,
+                              system_prompt=None)
         model = node.wrap(chat_model(server).bind_tools(TOOLS))
         graph = bypass_graph(model, None)
         state = graph.invoke({"messages": [SystemMessage(BIG_PROMPT), HumanMessage("Go.")]},
@@ -478,7 +480,7 @@ def test_node_detects_a_stale_llm_input(pm: Any) -> None:
     the thread's next turn the node sees the model answered many times since its pass."""
     sim = UpstreamSim(Script(*task_steps(1), then=lambda body: "done"))
     with serve(sim) as server:
-        node = CompactionNode(trigger_tokens=BIG_TRIGGER, plugins=pm)
+        node = CompactionNode(budget=Budget(trigger_tokens=BIG_TRIGGER), plugins=pm)
         graph = bypass_graph(chat_model(server).bind_tools(TOOLS), node)
         config = {"recursion_limit": 100, "configurable": {"thread_id": "t"}}
         graph.invoke({"messages": [HumanMessage("Go.")]}, config)
@@ -490,16 +492,18 @@ def test_node_detects_a_stale_llm_input(pm: Any) -> None:
 
 def test_options_and_messages_are_checked() -> None:
     with pytest.raises(ConfigError, match="recent_turns"):
-        CompactionMiddleware(trigger_tokens=1000, recent_turns=0)
+        CompactionMiddleware(budget=Budget(trigger_tokens=1000, recent_turns=0))
     with pytest.raises(ConfigError, match="trigger_tokens"):
-        CompactionNode(trigger_tokens="abc")
+        CompactionNode(budget=Budget(trigger_tokens="abc"))
     with pytest.raises(ConfigError, match="'nope'"):
-        CompactionMiddleware(trigger_tokens=1000, strategy="nope")
+        CompactionMiddleware(budget=Budget(trigger_tokens=1000), strategy="nope")
+    with pytest.raises(ConfigError, match="CompactionMiddleware: unknown option.*trigger_tokens"):
+        CompactionMiddleware(trigger_tokens=1000)
     with pytest.raises(ConfigError, match="CompactionNode: unknown option.*triger"):
         CompactionNode(triger_tokens=1000)
-    assert CompactionMiddleware(trigger_tokens=1000, recent_turns=1,
-                                min_recent_turns=1).engine.budget.recent_turns == 1
-    node = CompactionNode(trigger_tokens=1000)
+    assert CompactionMiddleware(budget=Budget(trigger_tokens=1000, recent_turns=1,
+                                              min_recent_turns=1)).engine.budget.recent_turns == 1
+    node = CompactionNode(budget=Budget(trigger_tokens=1000))
     with pytest.raises(DialectError, match=r"message 1 is str"):
         node.invoke({"messages": [HumanMessage("a"), "b"]})
     with pytest.raises(DialectError, match=r"message 0 is dict"):
@@ -536,7 +540,7 @@ def test_logger_records_the_servers_logprobs(pm: Any, collector: Collector,
     token ids (what the exporter does when a chat model drops vLLM's ids)."""
     transformers = pytest.importorskip("transformers")
     from agentcompact.testing import SimTokenizer, logprob_of
-    from agentcompact.trajectory._sampled import token_ids_from_bytes
+    from agentcompact.wire import token_ids_from_bytes
 
     hf = transformers.AutoTokenizer.from_pretrained(str(QWEN_TOKENIZER))
     sim = UpstreamSim(Script(Reply("Done: naïve fix ✓ applied.")), tokenizer=hf)

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from agentcompact import Budget
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 litellm = pytest.importorskip("litellm")
 
@@ -42,7 +44,7 @@ def server() -> Iterator[RunningServer]:
 
 @pytest.fixture
 def callback(pm: Any) -> Iterator[CompactionCallback]:
-    cb = CompactionCallback(trigger_tokens=TRIGGER, plugins=pm)
+    cb = CompactionCallback(budget=Budget(trigger_tokens=TRIGGER), plugins=pm)
     saved = list(litellm.callbacks)
     litellm.callbacks = [cb]
     yield cb
@@ -154,9 +156,9 @@ def test_options_are_checked_when_built() -> None:
     with pytest.raises(ConfigError, match="trigger_tokens"):
         CompactionCallback()
     with pytest.raises(ConfigError, match="unknown option"):
-        CompactionCallback(trigger_tokens=1000, trigger=5)
+        CompactionCallback(budget=Budget(trigger_tokens=1000), trigger=5)
     with pytest.raises(ConfigError, match="record"):
-        CompactionCallback(trigger_tokens=1000, record="yes")  # type: ignore[arg-type]
+        CompactionCallback(budget=Budget(trigger_tokens=1000), record="yes")  # type: ignore[arg-type]
 
 
 def test_callback_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

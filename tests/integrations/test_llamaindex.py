@@ -121,7 +121,7 @@ def test_dialect_reads_chat_messages() -> None:
 
 
 def test_memory_keeps_everything_and_compacts_the_view() -> None:
-    memory = CompactingMemory(trigger_tokens=TRIGGER)
+    memory = CompactingMemory(budget=Budget(trigger_tokens=TRIGGER))
     memory.put(ChatMessage(role="user", content="task"))
     for i in range(10):
         memory.put_messages([
@@ -149,7 +149,7 @@ async def test_function_agent_with_compacting_memory(
     streaming: bool,
 ) -> None:
     agent = make_agent(server, http, streaming)
-    memory = CompactingMemory(trigger_tokens=TRIGGER, plugins=pm, episode_id="ep-li",
+    memory = CompactingMemory(budget=Budget(trigger_tokens=TRIGGER), plugins=pm, episode_id="ep-li",
                               group_id="g-li")
     with memory.logger:
         for task in range(1, TASKS + 1):
@@ -221,7 +221,7 @@ async def test_a_40_step_function_agent_run_stays_under_the_trigger(
         http: httpx.AsyncClient, pm: Any, collector: Collector, streaming: bool) -> None:
     """memory.wrap(llm): every LLM call of the run is compacted - system prompt (15k),
     tool schemas and the run's own tool loop included - and the memory keeps it all."""
-    memory = CompactingMemory(trigger_tokens=BIG_TRIGGER, plugins=pm)
+    memory = CompactingMemory(budget=Budget(trigger_tokens=BIG_TRIGGER), plugins=pm)
     with long_run_server() as server:
         agent = FunctionAgent(tools=[read_file, search], llm=memory.wrap(sim_llm(server, http)),
                               streaming=streaming, system_prompt=BIG_PROMPT)
@@ -241,7 +241,7 @@ async def test_memory_alone_bounds_only_what_came_before_the_run(
         http: httpx.AsyncClient) -> None:
     """The documented scope: CompactingMemory without the LLM wrapper cannot see the run's
     scratchpad, so one long run is not bounded - the figure docs/llamaindex.md quotes."""
-    memory = CompactingMemory(trigger_tokens=BIG_TRIGGER)
+    memory = CompactingMemory(budget=Budget(trigger_tokens=BIG_TRIGGER))
     with long_run_server() as server:
         agent = FunctionAgent(tools=[read_file, search], llm=sim_llm(server, http),
                               system_prompt=BIG_PROMPT)
@@ -258,7 +258,7 @@ async def test_react_agent_run_is_bounded(http: httpx.AsyncClient, pm: Any,
     steps = [f"Thought: I need module {i}.\nAction: read_file\n"
              f'Action Input: {{"path": "src/r{i}.py"}}' for i in range(25)]
     script = Script(*steps, then=lambda body: "Thought: I can answer.\nAnswer: all read")
-    memory = CompactingMemory(trigger_tokens=6000, plugins=pm)
+    memory = CompactingMemory(budget=Budget(trigger_tokens=6000), plugins=pm)
     with serve(UpstreamSim(script)) as server:
         llm = OpenAILike(model="gpt-sim", api_base=server.base_url + "/v1", api_key="x",
                          is_chat_model=True, max_retries=0, context_window=128_000,
@@ -272,7 +272,7 @@ async def test_react_agent_run_is_bounded(http: httpx.AsyncClient, pm: Any,
 
 
 def test_messages_and_options_are_checked() -> None:
-    memory = CompactingMemory(trigger_tokens=TRIGGER)
+    memory = CompactingMemory(budget=Budget(trigger_tokens=TRIGGER))
     memory.put(ChatMessage(role="user", content="a"))
     with pytest.raises(DialectError, match=r"put: message 1 is str, not a LlamaIndex"):
         memory.put("a string")  # type: ignore[arg-type]
@@ -280,11 +280,11 @@ def test_messages_and_options_are_checked() -> None:
         memory.put_messages([ChatMessage(role="user", content="b"), {"role": "user"}])  # type: ignore[list-item]
     assert len(memory.get_all()) == 1 and len(memory.get()) == 1
     with pytest.raises(ConfigError, match="recent_turns"):
-        CompactingMemory(trigger_tokens=100, recent_turns=0)
+        CompactingMemory(budget=Budget(trigger_tokens=100, recent_turns=0))
     with pytest.raises(ConfigError, match="'nope'"):
-        CompactingMemory(trigger_tokens=100, strategy="nope")
+        CompactingMemory(budget=Budget(trigger_tokens=100), strategy="nope")
     with pytest.raises(ConfigError, match="CompactingLLM: llm must be a LlamaIndex LLM"):
-        CompactingLLM("gpt-4", trigger_tokens=100)
+        CompactingLLM("gpt-4", budget=Budget(trigger_tokens=100))
 
 
 # ------------------------------------------------------------- sampled tokens recorded

@@ -88,7 +88,7 @@ def _check(server: RunningServer, kind: str, calls: int) -> list[dict[str, Any]]
 @pytest.mark.parametrize("kind", ["responses", "chat"])
 async def test_tool_loop_stays_within_trigger(server: RunningServer, client: AsyncOpenAI,
                                               kind: str, pm: Any, collector: Any) -> None:
-    compaction = CompactionFilter(trigger_tokens=TRIGGER, plugins=pm)
+    compaction = CompactionFilter(budget=Budget(trigger_tokens=TRIGGER), plugins=pm)
     agent = Agent(name="engineer", instructions=INSTRUCTIONS, tools=[read_file],
                   model=_model(client, kind))
     result = await Runner.run(
@@ -104,7 +104,7 @@ async def test_tool_loop_stays_within_trigger(server: RunningServer, client: Asy
 
 
 async def test_streamed_run(server: RunningServer, client: AsyncOpenAI) -> None:
-    compaction = CompactionFilter(trigger_tokens=TRIGGER)
+    compaction = CompactionFilter(budget=Budget(trigger_tokens=TRIGGER))
     agent = Agent(name="engineer", instructions=INSTRUCTIONS, tools=[read_file],
                   model=_model(client, "responses"))
     streamed = Runner.run_streamed(agent, "Read every step file.", max_turns=STEPS + 5,
@@ -117,7 +117,7 @@ async def test_streamed_run(server: RunningServer, client: AsyncOpenAI) -> None:
 
 async def test_handoff_counts_the_new_agents_instructions_and_tools(
         server: RunningServer, client: AsyncOpenAI) -> None:
-    compaction = CompactionFilter(trigger_tokens=TRIGGER)
+    compaction = CompactionFilter(budget=Budget(trigger_tokens=TRIGGER))
     model = _model(client, "responses")
     worker = Agent(name="worker", instructions=INSTRUCTIONS, tools=[read_file], model=model)
     triage = Agent(name="triage", instructions="Hand the task to the worker.",

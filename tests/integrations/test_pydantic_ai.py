@@ -64,7 +64,7 @@ def _bodies(server: RunningServer) -> list[dict[str, Any]]:
 
 async def test_tool_loop_stays_within_trigger_and_cache_stable(server: RunningServer,
                                                                client: AsyncOpenAI) -> None:
-    compaction = Compaction(trigger_tokens=TRIGGER)
+    compaction = Compaction(budget=Budget(trigger_tokens=TRIGGER))
     result = await _agent(client, capabilities=[compaction]).run("Read every step file.")
     assert result.output == DONE
     bodies = _bodies(server)
@@ -82,7 +82,7 @@ async def test_tool_loop_stays_within_trigger_and_cache_stable(server: RunningSe
 
 
 async def test_streamed_run(server: RunningServer, client: AsyncOpenAI) -> None:
-    agent = _agent(client, capabilities=[Compaction(trigger_tokens=TRIGGER)])
+    agent = _agent(client, capabilities=[Compaction(budget=Budget(trigger_tokens=TRIGGER))])
     async with agent.run_stream("Read every step file.") as streamed:
         output = await streamed.get_output()
     assert output == DONE
@@ -90,7 +90,7 @@ async def test_streamed_run(server: RunningServer, client: AsyncOpenAI) -> None:
 
 
 async def test_history_processor_form(server: RunningServer, client: AsyncOpenAI) -> None:
-    compaction = Compaction(trigger_tokens=TRIGGER)
+    compaction = Compaction(budget=Budget(trigger_tokens=TRIGGER))
     agent = _agent(client, capabilities=[ProcessHistory(compaction)])
     result = await agent.run("Read every step file.")
     assert result.output == DONE

@@ -14,7 +14,6 @@ import pytest
 from agentcompact import Budget, Engine, get_dialect, validate
 from agentcompact._markers import COMPACTION_HEADER
 from agentcompact.errors import ConfigError, DialectError
-from agentcompact.integrations.proxy._reassemble import from_body, reassemble_events
 from agentcompact.integrations.sdk import _TABLES, CompactedClient, compact
 from agentcompact.testing import (
     Reply,
@@ -26,6 +25,7 @@ from agentcompact.testing import (
     prompt_text,
     serve,
 )
+from agentcompact.wire import from_body, reassemble_events
 from tests.integrations.conftest import Collector, largest_request
 
 pytestmark = pytest.mark.network
@@ -87,7 +87,8 @@ async def aclaude(server: RunningServer) -> AsyncIterator[anthropic.AsyncAnthrop
 
 
 def wrap(client: Any, pm: Any, **options: Any) -> CompactedClient:
-    return compact(client, trigger_tokens=TRIGGER, plugins=pm, episode_id="ep", group_id="g",
+    return compact(client, budget=Budget(trigger_tokens=TRIGGER), plugins=pm, episode_id="ep",
+                   group_id="g",
                    **options)
 
 
@@ -437,7 +438,8 @@ def test_every_call_path_is_bounded(case: tuple[Any, ...], pm: Any,
                                     collector: Collector) -> None:
     path, method, consume, factory, route, dialect, logged = case
     with serve(UpstreamSim(Script(then=lambda body: "ok"))) as server:
-        client = compact(_client_for(server, dialect, False), trigger_tokens=BIG, plugins=pm)
+        client = compact(_client_for(server, dialect, False), budget=Budget(trigger_tokens=BIG),
+                         plugins=pm)
         call = _resolve(client, path, method)
         kwargs = _kwargs_for(method, consume, factory)
         if consume == "manager":
@@ -468,7 +470,8 @@ async def test_every_async_call_path_is_bounded(case: tuple[Any, ...], pm: Any,
                                                 collector: Collector) -> None:
     path, method, consume, factory, route, dialect, logged = case
     async with serve(UpstreamSim(Script(then=lambda body: "ok"))) as server:
-        client = compact(_client_for(server, dialect, True), trigger_tokens=BIG, plugins=pm)
+        client = compact(_client_for(server, dialect, True), budget=Budget(trigger_tokens=BIG),
+                         plugins=pm)
         call = _resolve(client, path, method)
         kwargs = _kwargs_for(method, consume, factory)
         if consume == "manager":
@@ -533,7 +536,7 @@ def test_every_sdk_method_is_classified(make: Callable[[], Any]) -> None:
                         assert inner in sub, f"{path}.{name}.{inner} is not classified"
                 seen += 1
     assert seen > 20
-    client = compact(raw, trigger_tokens=BIG)
+    client = compact(raw, budget=Budget(trigger_tokens=BIG))
     for _, path, _resource in _resources(client, wrapped=True):
         with pytest.raises(ConfigError, match=r"not known .* client\.unwrapped"):
             _resolve(client, path, "some_future_method")
@@ -555,10 +558,10 @@ def test_a_15k_system_prompt_counts_toward_a_20k_trigger(pm: Any, collector: Col
     script = Script(then=lambda body: Reply.tool("read_file", {"path": "f.py"}))
     with serve(UpstreamSim(script)) as server:
         raw = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-        client = compact(raw, trigger_tokens=20_000, plugins=pm)
+        client = compact(raw, budget=Budget(trigger_tokens=20_000), plugins=pm)
         chat = [{"role": "system", "content": system}, {"role": "user", "content": "go"}]
         claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
-        cclient = compact(claude, trigger_tokens=20_000, plugins=pm)
+        cclient = compact(claude, budget=Budget(trigger_tokens=20_000), plugins=pm)
         items: list[Any] = [{"role": "user", "content": "go"}]
         cmsgs: list[Any] = [{"role": "user", "content": "go"}]
         for _ in range(25):  # 25 tool results of ~260 tokens: the histories pass 20k
@@ -593,14 +596,18 @@ def test_a_15k_system_prompt_counts_toward_a_20k_trigger(pm: Any, collector: Col
 def test_options_are_checked_when_wrapping() -> None:
     raw = openai.OpenAI(api_key="x")
     with pytest.raises(ConfigError, match="trigger_tokens"):
-        compact(raw, trigger_tokens="abc")
+        compact(raw, budget=Budget(trigger_tokens="abc"))
     with pytest.raises(ConfigError, match="'nope'"):
-        compact(raw, trigger_tokens=100, strategy="nope")
+        compact(raw, budget=Budget(trigger_tokens=100), strategy="nope")
     with pytest.raises(ConfigError, match="recent_turns"):
-        compact(raw, trigger_tokens=100, recent_turns=0)
+        compact(raw, budget=Budget(trigger_tokens=100, recent_turns=0))
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) trigger_tokens; .*budget=Budget"):
+        compact(raw, trigger_tokens=100)  # one vocabulary: the Engine's
+    with pytest.raises(ConfigError, match="strategy=StrategySettings"):
+        compact(raw, budget=Budget(trigger_tokens=100), model="m")
     with pytest.raises(ConfigError, match="triger_tokens"):
         compact(anthropic.Anthropic(api_key="x"), triger_tokens=100)
-    assert compact(raw, trigger_tokens=100, recent_turns=1).engines[
+    assert compact(raw, budget=Budget(trigger_tokens=100, recent_turns=1)).engines[
         "openai_chat"].budget.recent_turns == 1
 
 
@@ -630,7 +637,7 @@ def test_a_failing_recorder_never_breaks_the_callers_stream(
     kwargs = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     with serve(UpstreamSim()) as server, openai.OpenAI(
             base_url=server.base_url + "/v1", api_key="x", max_retries=0) as oai:
-        client = compact(oai, trigger_tokens=TRIGGER, plugins=broken)
+        client = compact(oai, budget=Budget(trigger_tokens=TRIGGER), plugins=broken)
         chunks = list(client.chat.completions.create(stream=True, **kwargs))
         assert chunks and chunks[-1].choices[0].finish_reason == "stop"
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from agentcompact import Budget
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("pyarrow")
 openai = pytest.importorskip("openai")
@@ -143,7 +145,8 @@ def test_live_run_exports_the_servers_logprobs_and_every_trainer_runs_them(
         summarizer = SummaryStrategy(base_url=server.base_url + "/v1", model="sim-policy",
                                      api_key="sk-summarizer-secret", trained=True,
                                      return_token_ids=True, min_output_tokens=16)
-        client = compact(raw, trigger_tokens=450, target_tokens=300, strategy=summarizer,
+        client = compact(raw, budget=Budget(trigger_tokens=450, target_tokens=300),
+                         strategy=summarizer,
                          plugins=pm)
         for i in range(2):
             _episode(client, pm, f"ep{i}", float(i % 2), i)

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from agentcompact import Budget
 from agentcompact.testing._completion import Completion
 from agentcompact.testing._openai_wire import ChatWire
 from agentcompact.testing._responses_wire import ResponsesWire
 from agentcompact.testing._script import split_tokens
-from agentcompact.trajectory._sampled import (
+from agentcompact.wire import (
     from_chat_chunks,
     from_chat_completion,
     from_responses,
@@ -146,7 +147,7 @@ def test_the_simulator_serves_vllm_token_ids_plain_and_streamed() -> None:
 
 def test_byte_alphabet_is_gpt2s() -> None:
     convert = pytest.importorskip("transformers.convert_slow_tokenizer")
-    from agentcompact.trajectory._sampled import _BYTE_CHARS
+    from agentcompact.wire._sampled import _BYTE_CHARS
 
     assert convert.bytes_to_unicode() == _BYTE_CHARS
 
@@ -207,7 +208,7 @@ def _run_without_ids(run: Path, tokenizer: Any) -> None:
                     Reply("Fixed: naïve ✓."))
     with serve(UpstreamSim(script, tokenizer=tokenizer)) as server, openai.OpenAI(
             base_url=server.base_url + "/v1", api_key="k", max_retries=0) as raw:
-        client = compact(raw, trigger_tokens=100_000, plugins=pm)
+        client = compact(raw, budget=Budget(trigger_tokens=100_000), plugins=pm)
         messages: list[Any] = [{"role": "user", "content": "fix it"}]
         first = client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
                                                logprobs=True).choices[0].message
@@ -271,9 +272,9 @@ def test_a_trained_summarizer_asks_for_logprobs_and_ids_only_when_told() -> None
 @needs_qwen
 def test_the_proxy_reassembler_reads_the_simulators_ids_from_its_wire_bytes() -> None:
     pytest.importorskip("transformers")
-    from agentcompact.integrations.proxy._reassemble import reassemble
     from agentcompact.testing import Reply, SimTokenizer
     from agentcompact.testing._completion import complete
+    from agentcompact.wire import reassemble
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
             "logprobs": True, "return_token_ids": True}

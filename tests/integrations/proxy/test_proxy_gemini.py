@@ -18,7 +18,6 @@ import pytest
 from agentcompact import validate
 from agentcompact.dialects import GeminiDialect
 from agentcompact.integrations.proxy import ThreadedServer
-from agentcompact.integrations.proxy._reassemble import reassemble
 from agentcompact.integrations.proxy._wire import (
     dialect_for,
     error_body,
@@ -28,6 +27,7 @@ from agentcompact.integrations.proxy._wire import (
     upstream_of,
 )
 from agentcompact.testing import Reply, ToolCall, filler_text
+from agentcompact.wire import reassemble
 
 from .conftest import ProxyFactory, Upstream
 

@@ -14,7 +14,6 @@ from agentcompact.integrations.proxy import ProxyConfig
 from agentcompact.integrations.proxy._cli import KEEP_MEMORY_MIB, add_parser, build_config
 from agentcompact.integrations.proxy._memory import keep_freed
 from agentcompact.integrations.proxy._observe import redact_headers, redact_json
-from agentcompact.integrations.proxy._reassemble import iter_sse, reassemble
 from agentcompact.integrations.proxy._wire import (
     dialect_for,
     error_body,
@@ -24,6 +23,7 @@ from agentcompact.integrations.proxy._wire import (
     request_headers,
     session_key,
 )
+from agentcompact.wire import iter_sse, reassemble
 
 from .histories import anthropic_history
 
@@ -138,7 +138,7 @@ def test_sse_parsing_and_truncated_stream() -> None:
 
 
 def test_sse_reader_reads_the_same_events_however_the_bytes_are_split() -> None:
-    from agentcompact.integrations.proxy._reassemble import SSEReader
+    from agentcompact.wire import SSEReader
 
     data = (b"event: a\r\ndata: {\"x\": 1}\r\n\r\n: comment\n\ndata: one\ndata: two\n\n"
             b"data:tight\r\rdata: [DONE]\n\ndata: last, no blank line")

@@ -23,7 +23,7 @@ marked incomplete only if the end of the stream was not seen).
 token list it grows and joins them once, in :meth:`Reassembler.result`; :class:`SSEReader`
 splits a stream into its events as its bytes come, in chunks of any size, keeping only an
 unfinished line: rebuilding an answer costs the same per token at 64k tokens as at 8k, and
-needs no copy of the whole stream (``agentcompact.integrations.proxy._recording``).
+needs no copy of the whole stream (the proxy's recorder feeds it as bytes arrive).
 """
 
 from __future__ import annotations
@@ -35,17 +35,17 @@ from typing import Any
 
 import orjson
 
-from ...trajectory._sampled import (
+from ._names import ANTHROPIC, CHAT, GEMINI
+from ._sampled import (
     SampledTokens,
     from_chat_completion,
     from_responses,
     read_chat,
 )
-from ._wire import ANTHROPIC, CHAT, GEMINI
 
 __all__ = [
-    "Reassembled", "Reassembler", "SSEReader", "from_body", "iter_sse", "reassemble",
-    "reassemble_events", "reassembler",
+    "Reassembled", "Reassembler", "SSEReader", "from_body", "iter_events", "iter_sse",
+    "parse_events", "reassemble", "reassemble_events", "reassembler",
 ]
 
 
@@ -56,7 +56,7 @@ class Reassembled:
     ``prompt_token_ids`` / ``token_ids`` / ``logprobs`` are the serving engine's own
     figures when it sent them (Chat Completions: vLLM/SGLang ``prompt_token_ids`` and
     choice 0's ``token_ids``; its ``logprobs.content[*].logprob``), read by
-    :mod:`agentcompact.trajectory._sampled` (a list with an entry lacking its logprob is
+    :mod:`agentcompact.wire` (a list with an entry lacking its logprob is
     not taken).
     """
 
@@ -169,10 +169,16 @@ def reassemble(dialect: str, data: bytes, *, streamed: bool) -> Reassembled:
     reader = SSEReader()
     payloads = reader.feed(data) + reader.close()
     out = reassembler(dialect)
-    for start in range(0, len(payloads), _PARSE_BATCH):
-        for event in parse_events(payloads[start:start + _PARSE_BATCH]):
-            out.add(event)
+    for event in iter_events(payloads):
+        out.add(event)
     return out.result()
+
+
+def iter_events(payloads: list[bytes]) -> Iterator[Any]:
+    """The JSON objects of a stream's event payloads, parsed :data:`_PARSE_BATCH` at a time
+    (see :func:`parse_events`)."""
+    for start in range(0, len(payloads), _PARSE_BATCH):
+        yield from parse_events(payloads[start:start + _PARSE_BATCH])
 
 
 #: events parsed by one ``orjson`` call: a few hundred, so that few parsed events are
@@ -215,7 +221,7 @@ def from_body(dialect: str, body: Any) -> Reassembled:
 
 def _add_sampled(out: Reassembled, sampled: SampledTokens) -> None:
     """Add what a body or a chunk reports of the sampled tokens
-    (:mod:`agentcompact.trajectory._sampled`, the one reader of those fields), extending
+    (:mod:`agentcompact.wire`, the one reader of those fields), extending
     the lists in place (a stream adds a token or a few per chunk)."""
     if sampled.prompt_token_ids is not None:
         out.prompt_token_ids = sampled.prompt_token_ids
