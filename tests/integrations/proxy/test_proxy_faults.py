@@ -264,7 +264,7 @@ def test_probes_are_untouched(proxy: ThreadedServer, upstream: Upstream) -> None
 def test_other_routes_pass_through(proxy: ThreadedServer, upstream: Upstream, method: str,
                                    path: str, body: Any) -> None:
     raw = orjson.dumps(body) if body is not None else b""
-    with httpx.Client(base_url=proxy.base_url) as client:
+    with httpx.Client(base_url=proxy.base_url, timeout=30) as client:
         response = client.request(method, path, content=raw or None,
                                   headers={"x-api-key": "k", "anthropic-version": "2023-06-01"})
     sent = upstream.tap.sent[-1]
@@ -275,7 +275,7 @@ def test_other_routes_pass_through(proxy: ThreadedServer, upstream: Upstream, me
 
 
 def test_path_and_query_go_upstream_as_sent(proxy: ThreadedServer, upstream: Upstream) -> None:
-    with httpx.Client(base_url=proxy.base_url) as client:
+    with httpx.Client(base_url=proxy.base_url, timeout=30) as client:
         client.get(httpx.URL(proxy.base_url + "/v1/models/org%2Fmodel%20x?limit=5&q=a%20b%2Bc"))
         client.post(proxy.base_url + "/v1/messages?beta=true", content=orjson.dumps(
             anthropic_body(2)), headers={"content-type": "application/json"})

@@ -102,7 +102,7 @@ def test_debug_dir_is_private_and_redacted(start_proxy: ProxyFactory, upstream: 
     proxy = start_proxy(debug_dir=str(debug), trigger=3000, counter="chars")
     body = {"model": MODEL, "max_tokens": 64, "messages": anthropic_history(20),
             "metadata": {"user_id": CLAUDE_USER_ID, "api_key": "sk-in-body-secret"}}
-    with httpx.Client(base_url=proxy.base_url) as client:
+    with httpx.Client(base_url=proxy.base_url, timeout=30) as client:
         response = client.post("/v1/messages", json=body, headers={
             "x-api-key": "sk-ant-secret-key", "authorization": "Bearer oauth-secret-token",
             "cookie": "session=cookie-secret", **GATEWAY_HEADERS})

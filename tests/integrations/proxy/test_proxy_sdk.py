@@ -200,7 +200,7 @@ def test_client_receives_exactly_the_upstream_bytes(
     proxy: ThreadedServer, upstream: Upstream, path: str, stream: bool
 ) -> None:
     upstream.sim.script.push(PARALLEL.thinking_first("why", "sig-z"))
-    with httpx.Client(base_url=proxy.base_url) as client, client.stream(
+    with httpx.Client(base_url=proxy.base_url, timeout=30) as client, client.stream(
         "POST", path, json=BODIES[path](stream), headers={"x-api-key": "k"}
     ) as response:
         received = b"".join(response.iter_raw())
