@@ -350,7 +350,9 @@ async def test_concurrent_requests_overlap() -> None:
 async def test_concurrency_limit_queues_requests() -> None:
     latency = LatencyModel(decode_tokens_per_s=100, max_concurrency=1)
     sim = UpstreamSim(Script(then=Reply.filler(20)), latency=latency)
-    async with serve(sim) as running, httpx.AsyncClient(base_url=running.base_url, timeout=30) as client:
+    async with serve(sim) as running, httpx.AsyncClient(
+        base_url=running.base_url, timeout=30
+    ) as client:
         body = {"model": "m", "messages": USER, "stream": True}
         started = time.monotonic()
         await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(3)))
