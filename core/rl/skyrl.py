@@ -12,7 +12,7 @@ episode from its last step (GRPO over the episodes of a group, ``instance_id``) 
 broadcasts it to the episode's earlier segments: the objective of
 ``docs/rl-math.md`` (statistics over episodes, not rows).
 
-Config it needs (``docs/skyrl.md``)::
+Config it needs (``docs/trainers.md``)::
 
     generator.step_wise_trajectories=true      # one row per segment
     generator.batched=false

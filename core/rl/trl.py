@@ -24,7 +24,7 @@ the loss (``dapo``: normalized by the generation batch's loss tokens) is unchang
   :class:`~agentcompact.rl.generate.TransformersSampler`).
 
 vLLM is not installable on the machine these modules are tested on: the transformers path
-is tested, the vLLM path is not (``docs/trl.md``). The contract of a ``rollout_func``
+is tested, the vLLM path is not (``docs/trainers.md``). The contract of a ``rollout_func``
 written by hand: return :func:`to_trl_episodes` of the segment rows for the prompts, in
 prompt order (TRL's required keys ``prompt_ids`` / ``completion_ids`` / ``logprobs`` plus
 ``env_mask``, ``advantages``, ``episode_id``, ``prompt_index``)::

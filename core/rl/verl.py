@@ -18,7 +18,7 @@ Each output carries ``extra_fields["loss_weight"]``: 1.0 under ``token-mean`` (s
 an episode never changes a token mean), ``1/segments`` otherwise (``loss_weight`` option
 ``session``: every rollout counts once under ``seq-mean-token-mean``, verl PR #7580's
 session-equal weighting). verl 0.9.1 does not read a per-row weight: use
-``actor_rollout_ref.actor.loss_agg_mode=token-mean`` there (``docs/verl.md``).
+``actor_rollout_ref.actor.loss_agg_mode=token-mean`` there (``docs/trainers.md``).
 
 Register it with verl's agent-loop config (``actor_rollout_ref.rollout.agent.
 agent_loop_config_path``), whose keys beyond ``name`` / ``_target_`` are this class's

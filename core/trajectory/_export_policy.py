@@ -78,7 +78,7 @@ class ExportCounts:
 
 
 def warn_critic_free_gae(advantage: str) -> None:
-    """Say plainly what a ``gae-*`` export is (docs/rl-math.md, "Which trainer takes chain
+    """Say plainly what a ``gae-*`` export is (docs/rl-loop.md, "Which trainer takes chain
     GAE"): values 0, and chain GAE across segments reproduced by no trainer's own code."""
     if not advantage.startswith("gae"):
         return
