@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from agentcompact import validate
+from agentcompact import Budget, validate
 from agentcompact.dialects import GeminiDialect
 from agentcompact.integrations.proxy import ThreadedServer
 from agentcompact.integrations.proxy._wire import (
@@ -153,7 +153,7 @@ def test_count_tokens_and_other_paths_pass_through_untouched(
 
 def test_debug_dumps_redact_the_key(start_proxy: ProxyFactory, upstream: Upstream,
                                     tmp_path: Path) -> None:
-    proxy = start_proxy(trigger=3000, counter="chars", debug_dir=str(tmp_path / "dumps"))
+    proxy = start_proxy(budget=Budget(3000), counter="chars", debug_dir=str(tmp_path / "dumps"))
     contents = gemini_history(3)
     httpx.post(f"{proxy.base_url}{STREAM}?alt=sse&key={KEY}", json=body(contents),
                headers={"x-goog-api-key": KEY}, timeout=30)
@@ -176,7 +176,7 @@ def test_an_unreachable_upstream_is_a_google_error_without_the_key(
 @pytest.mark.parametrize("stream", [True, False])
 def test_record_reassembles_the_model_content(start_proxy: ProxyFactory, upstream: Upstream,
                                               tmp_path: Path, stream: bool) -> None:
-    proxy = start_proxy(record=str(tmp_path / "run"), trigger=3000, counter="chars")
+    proxy = start_proxy(record=str(tmp_path / "run"), budget=Budget(3000), counter="chars")
     long_text = "Looking at the step files in order. " * 6
     upstream.sim.script.push(Reply.calling(ToolCall("read_file", {"file_path": "a"}),
                                            ToolCall("read_file", {"file_path": "b"}),
@@ -253,7 +253,7 @@ def test_a_recorded_gemini_run_exports_to_rows(start_proxy: ProxyFactory, upstre
 
     from ...conftest import QWEN_TOKENIZER
 
-    proxy = start_proxy(record=str(tmp_path / "run"), trigger=3000, counter="chars")
+    proxy = start_proxy(record=str(tmp_path / "run"), budget=Budget(3000), counter="chars")
     upstream.sim.script.push(Reply.calling(ToolCall("read_file", {"file_path": "a"}),
                                            text="Reading a."), "Done.")
     url = f"{proxy.base_url}/v1beta/models/gemini-3-pro-preview:generateContent"
