@@ -28,6 +28,7 @@ from agentcompact.integrations.proxy._wire import (
 )
 from agentcompact.testing import Reply, ToolCall, filler_text
 from agentcompact.wire import reassemble
+from tests.tool_loop import Call, Step, tool_loop
 
 from .conftest import ProxyFactory, Upstream
 
@@ -41,23 +42,20 @@ D = GeminiDialect()
 
 
 def gemini_history(turns: int, result_tokens: int = 300) -> list[dict[str, Any]]:
-    """What Gemini CLI sends (its shape captured from 0.61.0): the prompt, then per step a
-    model content with a signed call (a parallel pair every third step, the signature on
-    the first call only) and a user content answering every call, ids kept."""
-    contents: list[dict[str, Any]] = [{"role": "user", "parts": [
-        {"text": "<session_context>\nThis is the Gemini CLI.\n</session_context>"},
-        {"text": "Read the step files one by one."}]}]
+    """What Gemini CLI sends (its shape captured from 0.61.0; ``tests.tool_loop``): the
+    prompt, then per step a model content with a signed call (a parallel pair every third
+    step, the signature on the first call only) and a user content answering every call,
+    ids kept."""
+    steps = []
     for t in range(turns):
-        ids = [f"read_file_{t}_{j}" for j in range(2 if t % 3 == 2 else 1)]
-        calls = [{"functionCall": {"id": i, "args": {"file_path": f"/w/step{t}_{j}.txt"},
-                                   "name": "read_file"}} for j, i in enumerate(ids)]
-        calls[0]["thoughtSignature"] = base64.b64encode(f"state of step {t} ".encode() * 4
-                                                        ).decode()
-        contents.append({"parts": calls, "role": "model"})
-        contents.append({"parts": [{"functionResponse": {
-            "name": "read_file", "response": {"output": f"STEP-{t}\n" + filler_text(
-                result_tokens)}, "id": i}} for i in ids], "role": "user"})
-    return contents
+        pair = range(2 if t % 3 == 2 else 1)
+        steps.append(Step(
+            [Call(f"read_file_{t}_{j}", "read_file", {"file_path": f"/w/step{t}_{j}.txt"},
+                  f"STEP-{t}\n" + filler_text(result_tokens)) for j in pair],
+            signature=base64.b64encode(f"state of step {t} ".encode() * 4).decode()))
+    return tool_loop("gemini", steps, task=[
+        "<session_context>\nThis is the Gemini CLI.\n</session_context>",
+        "Read the step files one by one."])
 
 
 def body(contents: list[Any], **extra: Any) -> dict[str, Any]:
