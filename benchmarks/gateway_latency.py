@@ -40,6 +40,7 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 from proxy_latency import Role, bare_relay, cpu_s, with_cpu_probe  # noqa: E402
 
+from agentcompact import Budget
 from agentcompact.testing import filler_text  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -112,8 +113,9 @@ def app_for(role: str, upstream: str, trigger: int) -> Any:
         return bare_relay(upstream)
     from agentcompact.integrations.proxy import GatewayConfig, ProxyConfig, create_app
 
-    config = ProxyConfig(trigger=trigger, anthropic_upstream=upstream, openai_upstream=upstream,
-                         log_requests=False, store="memory:", counter="tiktoken")
+    config = ProxyConfig(budget=Budget(trigger), anthropic_upstream=upstream,
+                         openai_upstream=upstream, log_requests=False, store="memory:",
+                         counter="tiktoken")
     if role == "proxy":  # the compaction proxy alone: the gateway's baseline
         return create_app(config)
     return create_app(config, gateway=GatewayConfig(tokenizer=TOKENIZER))

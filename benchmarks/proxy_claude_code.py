@@ -45,6 +45,7 @@ import httpx  # noqa: E402 - after the offline tiktoken setting
 import orjson  # noqa: E402
 import proxy_latency  # noqa: E402 - the server roles, in their own processes
 
+from agentcompact import Budget
 from agentcompact.trajectory import load  # noqa: E402
 
 SESSION = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "trajectories"
@@ -212,7 +213,7 @@ def work(full: list[dict[str, Any]], points: list[int], warmup: int, trigger: in
     from agentcompact.integrations.proxy import ProxyConfig
     from agentcompact.integrations.proxy._app import CompactionProxy
 
-    proxy = CompactionProxy(ProxyConfig(trigger=trigger, log_requests=False))
+    proxy = CompactionProxy(ProxyConfig(budget=Budget(trigger), log_requests=False))
     times: list[float] = []
     for step, point in enumerate(points):
         raw = body(full[:point])

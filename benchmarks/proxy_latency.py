@@ -51,6 +51,7 @@ os.environ.setdefault(  # the shared data beside the checkout (../shared/data/ti
 import httpx  # noqa: E402 - after the offline tiktoken setting
 import orjson  # noqa: E402
 
+from agentcompact import Budget
 from agentcompact.integrations.proxy import ProxyConfig, create_app  # noqa: E402
 from agentcompact.testing import UpstreamSim, filler_text  # noqa: E402
 
@@ -118,7 +119,7 @@ def app_for(role: str, upstream: str, trigger: int) -> Any:
             pass
         else:
             keep_freed(int(os.environ.get(KEEP_MEMORY_ENV, KEEP_MEMORY_MIB)))
-        app = create_app(ProxyConfig(trigger=trigger, anthropic_upstream=upstream,
+        app = create_app(ProxyConfig(budget=Budget(trigger), anthropic_upstream=upstream,
                                      openai_upstream=upstream, log_requests=False))
         if role == "ours:buffered":
             app.proxy.hold_bytes = None
@@ -470,7 +471,7 @@ def work_p50_ms(size: int, regime: str, steps: int, warmup: int) -> float:
 
     n0 = size // TURN_TOKENS
     trigger = size * 4 if regime == "under" else int(size * 0.8)
-    proxy = CompactionProxy(ProxyConfig(trigger=trigger, log_requests=False))
+    proxy = CompactionProxy(ProxyConfig(budget=Budget(trigger), log_requests=False))
     full = history(n0 + warmup + steps)
     times: list[float] = []
     for step in range(warmup + steps):

@@ -10,7 +10,7 @@
   hits). A long history arriving at once is compacted by replaying
   the threshold crossings at each turn start, so it gets the result an incrementally
   called engine would have;
-- **one-way pipeline**: extend the history (``_history``) → find the stored prefix →
+- **one-way pipeline**: extend the history (``_scope``) → find the stored prefix →
   fold → decide (``_plan.decide``) → plan (``_plan.plan``) → strategy (``_rungs``) →
   check (``_check.check``) → store → assemble → report; the engine checks validity
   (dialect rules, the thinking-loop rule), pins, kept messages (instructions, opaque
@@ -27,36 +27,34 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
-import re
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import pluggy
-import xxhash
 
 from ._budget import Budget
 from ._check import Checked, check, compaction_event, describe_error, safe_render
 from ._events import CompactionEvent, new_id
 from ._fixed import FixedTokens
-from ._fold import fold, fold_due
-from ._history import History, HistoryCache
+from ._fold import fold_due, fold_stored
+from ._history import History
 from ._interner import Interner
 from ._observers import Observers
 from ._pins import PinLookup
 from ._plan import State, decide, min_budget
 from ._plan import plan as plan_cut
 from ._pluginmanager import get_plugin_manager, registry
+from ._result import CompactionResult, Outcome, assemble
 from ._rungs import Rungs
-from ._settings import StrategySettings
-from ._store import InMemoryPrefixStore, PrefixEntry, PrefixScan, PrefixStore
+from ._scope import StoreScope, settings_fingerprint
+from ._settings import StrategySettings, build_strategy
+from ._store import InMemoryPrefixStore, PrefixEntry, PrefixStore
 from ._tokens import MessageMeter, TokenCounter, make_counter
 from .dialects._base import Dialect
-from .errors import ConfigError, OverBudgetError
+from .errors import ConfigError
 from .strategies._base import CompactionRequest, Rendered
 
 __all__ = ["CompactionResult", "Engine", "describe_error"]
@@ -64,124 +62,8 @@ __all__ = ["CompactionResult", "Engine", "describe_error"]
 log = logging.getLogger("agentcompact")
 
 
-
-@dataclass
-class CompactionResult:
-    """What ``Engine.compact`` returns.
-
-    ``messages`` is the list to send. ``compacted`` is true when this call performed a
-    compaction; ``modified`` when ``messages`` differs from the input at all (a stored
-    compacted prefix was substituted). ``tokens_original`` is the input history,
-    ``tokens_before`` what would have been sent without a new compaction,
-    ``tokens_after`` what is sent. A call whose byte bound is under the trigger compacts
-    nothing without tokenizing its new messages: its figures are counted when first read
-    (the same numbers; the result is then a private subclass, equal to the plain result).
-    """
-
-    messages: list[Any]
-    compacted: bool
-    modified: bool
-    tokens_original: int
-    tokens_before: int
-    tokens_after: int
-    over_budget: bool = False
-    event: CompactionEvent | None = None
-    events: list[CompactionEvent] = field(default_factory=list)
-    head_len: int = 0
-    cut: int = 0
-
-    @property
-    def saved_tokens(self) -> int:
-        return self.tokens_original - self.tokens_after
-
-
-def _counted_when_read(name: str) -> property:
-    """A token figure of :class:`_DeferredResult`: counted (exactly) when first read."""
-
-    def get(self: _DeferredResult) -> int:
-        if "_count" in self.__dict__:
-            self.__dict__["_values"].update(self.__dict__.pop("_count")())
-        value: int = self.__dict__["_values"][name]
-        return value
-
-    def put(self: _DeferredResult, value: int) -> None:
-        if "_count" in self.__dict__:
-            get(self)
-        self.__dict__.setdefault("_values", {})[name] = value
-
-    return property(get, put)
-
-
-class _DeferredResult(CompactionResult):
-    """The result of a call that compacted nothing because the bound of what it sends
-    (:meth:`MessageMeter.bound`: a byte per token at most for the messages never counted)
-    is under the trigger: the new messages are counted when a token figure is first read
-    (the same numbers as counted at once), or by the call that needs their counts. A
-    copy or a pickle is a plain :class:`CompactionResult` with the figures counted."""
-
-    tokens_original = _counted_when_read("tokens_original")
-    tokens_before = _counted_when_read("tokens_before")
-    tokens_after = _counted_when_read("tokens_after")
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return CompactionResult, self._values_of()
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CompactionResult):
-            return NotImplemented
-        return self._values_of() == tuple(getattr(other, f.name)
-                                          for f in fields(CompactionResult))
-
-    __hash__ = None  # type: ignore[assignment]  # as CompactionResult's (eq, not frozen)
-
-    def _values_of(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f.name) for f in fields(CompactionResult))
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """What the pipeline hands to "assemble": the history, the tokens that would have been
-    sent, the state (stored entry in force) and the compaction events."""
-
-    history: History
-    before: int
-    state: State
-    events: tuple[CompactionEvent, ...]
-
-
 _Pipeline = Generator[tuple[str, CompactionRequest], tuple[Rendered | None, str | None],
-                      _Outcome]
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-_FINGERPRINT_HOOKS = ("agentcompact_pin", "agentcompact_render_message",
-                      "agentcompact_summary_prompt")
-
-
-def _stable_repr(value: Any, depth: int = 0) -> str:
-    """A repr without memory addresses (the same in every process)."""
-    if depth < 3 and hasattr(value, "__dict__") and not isinstance(value, type):
-        items = sorted((str(k), _stable_repr(v, depth + 1)) for k, v in vars(value).items())
-        return f"{type(value).__qualname__}{items}"
-    if depth < 3 and isinstance(value, dict):
-        return "{" + ",".join(sorted(f"{k!r}:{_stable_repr(v, depth + 1)}"
-                                     for k, v in value.items())) + "}"
-    return _ADDRESS.sub("", repr(value))
-
-
-def _check_settings(name: str, factory: Callable[..., Any], settings: dict[str, Any]) -> None:
-    """A clear error when a strategy does not take the given settings (``summarizer`` or
-    ``model`` given to ``cliff``, a misspelt knob), before anything is constructed."""
-    if not settings:
-        return
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):  # builtins / C callables: let the call decide
-        return
-    try:
-        sig.bind(**settings)
-    except TypeError as exc:
-        raise ConfigError(f"strategy {name!r} does not take the settings "
-                          f"{', '.join(sorted(settings))}: {exc}") from None
+                      Outcome]
 
 
 class Engine:
@@ -235,17 +117,7 @@ class Engine:
         elif not isinstance(budget, Budget):
             raise ConfigError(f"budget must be a Budget, got {type(budget).__name__}")
         self._budget = budget
-        if isinstance(strategy, str):
-            strategy = StrategySettings(strategy)
-        self._settings: dict[str, Any] = {}
-        if isinstance(strategy, StrategySettings):
-            factory = reg.strategy_factory(strategy.name)
-            self._settings = strategy.factory_kwargs()
-            _check_settings(strategy.name, factory, self._settings)
-            strategy = factory(**self._settings)
-        if not callable(getattr(strategy, "compact", None)):
-            raise ConfigError(f"strategy {strategy!r} has no compact(request) method")
-        self._strategy = strategy
+        self._strategy, self._settings = build_strategy(strategy, reg.strategy_factory)
         if isinstance(counter, MessageMeter):
             if counter.dialect is not self._dialect:
                 raise ConfigError(f"counter: a MessageMeter of dialect {counter.dialect.name!r} "
@@ -256,23 +128,22 @@ class Engine:
         self._counter = self._meter.counter
         self._store: PrefixStore = store if store is not None else InMemoryPrefixStore()
         self._strict = strict
-        self._episode_id = episode_id
         self._lock = threading.RLock()
-        self._histories = HistoryCache(self._meter)
-        self._scan = PrefixScan(self._store)
         self._interner = Interner()
         self._fixed = FixedTokens(self._counter, getattr(self._dialect, "fixed_keys", None))
-        self._warned = False
         self._warned_fixed = False
         self._observers = Observers(self._pm)
         self._min_budget = min_budget(self._strategy)
         self._rungs = Rungs(self._strategy, self.strategy_name)
-        self._plugins_key: tuple[Any, ...] | None = None
-        #: pins and pinned texts, remembered for the plugin set of ``_plugins_key``
+        #: pins and pinned texts, remembered for the plugin set the scope's seed is of
         self._pins = PinLookup(self._pm, self._dialect, self._counter)
-        self._shaping_hooks = tuple(getattr(self._pm.hook, name) for name in _FINGERPRINT_HOOKS)
+        self._scope = StoreScope(self._meter, self._store, self._pm, self._pins,
+                                 self.fingerprint, episode_id, self._lock)
         self._should_compact_hook = self._pm.hook.agentcompact_should_compact
-        self._refresh_seed()
+        self._scope.refresh()
+        self._assemble = functools.partial(assemble, budget=self._budget, strict=strict,
+                                           observers=self._observers,
+                                           resolve=self._scope.history)
 
     # --- store scope: configuration fingerprint and episode ---------------------------
     def fingerprint(self) -> str:
@@ -281,24 +152,8 @@ class Engine:
         that pin or render, output validation. It seeds the chain digests that key the
         prefix store (with the episode), so engines of other settings sharing a store
         never reuse each other's compactions."""
-        strategy = self._strategy
-        own = getattr(strategy, "fingerprint", None)
-        if callable(own):
-            own = own()
-        settings = own if isinstance(own, str) else _stable_repr(
-            self._settings if self._settings else strategy)
-        plugins = sorted(
-            f"{name}:{self._pm.get_name(impl.plugin)}:{impl.function.__qualname__}"
-            for name in _FINGERPRINT_HOOKS
-            for impl in getattr(self._pm.hook, name).get_hookimpls())
-        # classes by qualified name, never by module path: moving a module must not start
-        # every persistent store cold (a class of another name still keys apart)
-        parts = ["agentcompact-store-3", self.strategy_name, type(strategy).__qualname__,
-                 settings, repr(self._budget), self._dialect.name,
-                 type(self._dialect).__qualname__,
-                 str(getattr(self._counter, "name", type(self._counter).__qualname__)),
-                 *plugins]
-        return xxhash.xxh3_128_hexdigest("\x00".join(parts).encode("utf-8", "surrogatepass"))
+        return settings_fingerprint(self._strategy, self.strategy_name, self._settings,
+                                    self._budget, self._dialect, self._counter, self._pm)
 
     def new_episode(self, episode_id: str | None = None) -> str:
         """Start a new episode (an RL rollout, a new task on a reused client): later
@@ -306,23 +161,9 @@ class Engine:
         earlier episode is reused, and events carry the new ``episode_id`` (default: a
         fresh id). Returns it. ``Engine(episode_id=...)`` scopes from the start."""
         with self._lock:
-            self._episode_id = episode_id if episode_id is not None else new_id()
-            self._refresh_seed(force=True)
-        return self._episode_id
-
-    def _refresh_seed(self, force: bool = False) -> None:
-        """Recompute the store seed when the plugins that shape the output changed."""
-        key = tuple(impl.function for caller in self._shaping_hooks
-                    for impl in caller.get_hookimpls())
-        if not force and key == self._plugins_key:
-            return
-        self._plugins_key = key
-        self._pins.forget()
-        seed = xxhash.xxh3_128_hexdigest(
-            f"{self.fingerprint()}\x00{self._episode_id or ''}".encode("utf-8", "surrogatepass"))
-        if seed != self._histories.seed:
-            self._histories.forget(seed)
-            self._scan.forget()
+            self._scope.episode_id = episode_id if episode_id is not None else new_id()
+            self._scope.refresh(force=True)
+        return self._scope.episode_id
 
     # --- configuration, read back ----------------------------------------------------
     @property
@@ -361,7 +202,7 @@ class Engine:
 
     @property
     def episode_id(self) -> str | None:
-        return self._episode_id
+        return self._scope.episode_id
 
     # --- public API -----------------------------------------------------------------
     def compact(self, messages: Sequence[Any], *, force: bool = False,
@@ -376,7 +217,7 @@ class Engine:
         with self._rungs.handles():
             outcome = self._rungs.run(self._pipeline(messages, force, fixed_tokens),
                                       self._dialect, messages)
-            return self._finish(outcome)
+            return self._assemble(outcome)
 
     async def acompact(self, messages: Sequence[Any], *, force: bool = False,
                        fixed_tokens: int = 0) -> CompactionResult:
@@ -384,7 +225,7 @@ class Engine:
         with self._rungs.handles():
             outcome = await self._rungs.arun(self._pipeline(messages, force, fixed_tokens),
                                              self._dialect, messages)
-            return self._finish(outcome)
+            return self._assemble(outcome)
 
     def compact_request(self, body: dict[str, Any], *, force: bool = False
                         ) -> tuple[dict[str, Any], CompactionResult]:
@@ -425,9 +266,9 @@ class Engine:
     def context_tokens(self, messages: Sequence[Any]) -> int:
         """Tokens that would be sent for ``messages`` without a new compaction (the stored
         compacted prefix substituted)."""
-        history = self._history(messages, resolve=True)
+        history = self._scope.history(messages, resolve=True)
         n = len(history.messages)
-        return State(self._lookup(history, n)).tokens_at(history, n)
+        return State(self._scope.lookup(history, n)).tokens_at(history, n)
 
     def precompact(self, messages: Sequence[Any]) -> CompactionResult:
         """Compact ``messages`` now, under the trigger, and store the result in the prefix
@@ -437,27 +278,27 @@ class Engine:
         with self._rungs.handles():
             outcome = self._rungs.run(self._precompact_pipeline(messages), self._dialect,
                                       messages)
-            return self._finish(outcome)
+            return self._assemble(outcome)
 
     async def aprecompact(self, messages: Sequence[Any]) -> CompactionResult:
         """``precompact`` for async code (awaits strategies that define ``acompact``)."""
         with self._rungs.handles():
             outcome = await self._rungs.arun(self._precompact_pipeline(messages),
                                              self._dialect, messages)
-            return self._finish(outcome)
+            return self._assemble(outcome)
 
     def _precompact_pipeline(self, messages: Sequence[Any]) -> _Pipeline:
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
-        history = self._history(messages, resolve=True)
+        history = self._scope.history(messages, resolve=True)
         n = len(history.messages)
-        state = State(self._lookup(history, n))
+        state = State(self._scope.lookup(history, n))
         before = state.tokens_at(history, n)
         entry, event = yield from self._compact_at(history, n, state, "background", 0)
         if entry is not None:
             self._store.put(history.chain[entry.cut - 1], entry)  # validated: see _check
             state = State(entry)
-        return _Outcome(history, before, state, (event,) if event is not None else ())
+        return Outcome(history, before, state, (event,) if event is not None else ())
 
     # --- the pipeline ---------------------------------------------------------------
     # extend the history → find the stored prefix → (fold) → decide → plan → strategy →
@@ -465,28 +306,30 @@ class Engine:
     def _pipeline(self, messages: Sequence[Any], force: bool, fixed: int = 0) -> _Pipeline:
         if not isinstance(messages, (list, tuple)):
             raise ConfigError(f"messages must be a list, got {type(messages).__name__}")
-        history = self._history(messages)                                  # extend
+        history = self._scope.history(messages)                            # extend
         history.fixed = fixed
         n = len(history.messages)
-        state = State(self._lookup(history, n))                            # stored prefix
+        state = State(self._scope.lookup(history, n))                      # stored prefix
         events: list[CompactionEvent] = []
         unfolded = -1
         if fold_due(history, state.entry, n):
-            history = self._history(history, resolve=True)
+            history = self._scope.history(history, resolve=True)
             unfolded = state.tokens_at(history, n)
-            state = self._fold(history, state, n, events)                # fold
+            state = fold_stored(history, state, n, self._store, events,   # fold
+                                strategy=self.strategy_name, limit=self._budget.limit,
+                                episode_id=self._scope.episode_id)
         if history.pending:
             # under the trigger by the bound alone: nothing to decide, counted when read
             if not force and not self._should_compact_hook.get_hookimpls() and (
                     state.tokens_at(history, n) + sum(history.pending.values())
                     <= self._budget.trigger):
-                return _Outcome(history, -1, state, ())
-            history = self._history(history, resolve=True)
+                return Outcome(history, -1, state, ())
+            history = self._scope.history(history, resolve=True)
         before = state.tokens_at(history, n)
         decided = force or decide(history, state, n, self._budget, self._should_compact_hook,
                                   before)
         if not decided:                                                    # decide
-            return _Outcome(history, before if unfolded < 0 else unfolded, state, tuple(events))
+            return Outcome(history, before if unfolded < 0 else unfolded, state, tuple(events))
         points = [s for s in history.turn_starts()
                   if s > (state.entry.cut if state.entry else 0)]
         if not points or points[-1] != n:
@@ -495,7 +338,9 @@ class Engine:
         for c in points:
             last = c == n
             if fold_due(history, state.entry, c):
-                state = self._fold(history, state, c, events)  # as a call at c would
+                state = fold_stored(  # as a call at c would
+                    history, state, c, self._store, events, strategy=self.strategy_name,
+                    limit=self._budget.limit, episode_id=self._scope.episode_id)
             if not last and state.tokens_at(history, c) <= self._budget.trigger:
                 continue
             if last and not force and state.entry is not initial and not decide(
@@ -510,7 +355,7 @@ class Engine:
             if entry is not None:                                          # store
                 self._store.put(history.chain[entry.cut - 1], entry)  # checked
                 state = State(entry)
-        return _Outcome(history, before, state, tuple(events))
+        return Outcome(history, before, state, tuple(events))
 
     def _compact_at(
         self, history: History, c: int, state: State, reason: str, level: int,
@@ -530,7 +375,7 @@ class Engine:
         request = CompactionRequest(
             messages=history.messages[:c], dialect=self._dialect, head_len=plan.head_len,
             span_start=plan.span_start, cut=plan.cut, budget_tokens=plan.budget_tokens,
-            meter=self._meter, pm=self._pm, level=level, episode_id=self._episode_id,
+            meter=self._meter, pm=self._pm, level=level, episode_id=self._scope.episode_id,
             reason=reason, kept=frozenset(plan.kept), pins=frozenset(plan.pins),
             unpinned=frozenset(plan.unpinned), history=history,
         )
@@ -556,84 +401,5 @@ class Engine:
             checked = None
         event = compaction_event(history, plan, checked, errors, t0,
                                  strategy=self.strategy_name, limit=self._budget.limit,
-                                 episode_id=self._episode_id)
+                                 episode_id=self._scope.episode_id)
         return (checked.entry if checked is not None else None), event
-
-    def _fold(self, history: History, state: State, n: int, events: list[CompactionEvent]
-              ) -> State:
-        """``state`` with its entry's read folds done (``agentcompact._fold``): stored
-        under the prefix holding the read; its event appended to ``events``."""
-        assert state.entry is not None  # fold_due held
-        folded = fold(history, state.entry, n, strategy=self.strategy_name,
-                      limit=self._budget.limit, episode_id=self._episode_id)
-        self._store.put(history.chain[folded.length - 1], folded.entry)
-        if folded.event is not None:
-            events.append(folded.event)
-        return State(folded.entry)
-
-    # --- report -----------------------------------------------------------------------
-    def _finish(self, outcome: _Outcome) -> CompactionResult:                # assemble
-        history, state, events = outcome.history, outcome.state, list(outcome.events)
-        n = len(history.messages)
-        if history.pending:  # nothing compacted, within the trigger (so the limit) by the bound
-            entry = state.entry
-            result = _DeferredResult(
-                messages=state.messages_at(history, n), compacted=False,
-                modified=entry is not None, tokens_original=0, tokens_before=0,
-                tokens_after=0, head_len=entry.head_len if entry else 0,
-                cut=entry.cut if entry else 0)
-            result.__dict__["_count"] = functools.partial(_figures, self._history, history, state)
-            return result
-        original = history.prefix[n] + history.fixed
-        entry = state.entry
-        out = state.messages_at(history, n)
-        after = state.tokens_at(history, n)
-        compacted = False
-        failed = None
-        if events:
-            compacted = any(e.fallback != "none" for e in events)
-            self._observers.report(events)                                            # report
-            failed = next((e for e in events if e.error), None)
-        if failed is not None and not self._warned:
-            self._warned = True
-            log.warning("agentcompact: a %s compaction fell back to %s (%s); later fallbacks "
-                        "of this engine go to on_compaction only", failed.strategy,
-                        failed.fallback, failed.error)
-        over = after > self._budget.limit
-        if over and self._strict:
-            raise OverBudgetError(
-                f"context is {after} tokens after compaction, over the limit "
-                f"{self._budget.limit}", after, self._budget.limit)
-        return CompactionResult(
-            messages=out, compacted=compacted, modified=entry is not None,
-            tokens_original=original, tokens_before=outcome.before, tokens_after=after,
-            over_budget=over, event=events[-1] if events else None, events=events,
-            head_len=entry.head_len if entry else 0, cut=entry.cut if entry else 0,
-        )
-
-    # --- measuring and lookup ---------------------------------------------------------
-    def _history(self, messages: Sequence[Any] | History, resolve: bool = False) -> History:
-        """The :class:`History` of ``messages`` (extended from the last call's); with
-        ``resolve``, its messages all counted. Given a history, that history resolved."""
-        with self._lock:
-            if isinstance(messages, History):
-                return self._histories.resolve(messages)
-            self._refresh_seed()
-            history = self._histories.extend(messages)
-            return self._histories.resolve(history) if resolve else history
-
-    def _lookup(self, history: History, n: int) -> PrefixEntry | None:
-        """The stored entry replacing the longest prefix of ``history.messages[:n]``."""
-        with self._lock:
-            return self._scan.find(history.chain, n)
-
-
-def _figures(resolve: Callable[..., History], history: History, state: State
-             ) -> dict[str, int]:
-    """The token figures of a call that compacted nothing (:class:`_DeferredResult`),
-    its history counted by ``resolve`` (the engine's :meth:`Engine._history`)."""
-    history = resolve(history, resolve=True)
-    n = len(history.messages)
-    after = state.tokens_at(history, n)
-    return {"tokens_original": history.prefix[n] + history.fixed, "tokens_before": after,
-            "tokens_after": after}

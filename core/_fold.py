@@ -17,9 +17,9 @@ from ._check import validity
 from ._events import CompactionEvent, DroppedItem
 from ._history import History
 from ._plan import FOLD_TOKENS, State, shrink
-from ._store import PrefixEntry
+from ._store import PrefixEntry, PrefixStore
 
-__all__ = ["Folded", "fold", "fold_due"]
+__all__ = ["Folded", "fold", "fold_due", "fold_stored"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +93,18 @@ def fold(history: History, entry: PrefixEntry, n: int, *, strategy: str, limit: 
         over_budget=after > limit, latency_s=time.perf_counter() - t0, dropped=dropped,
         episode_id=episode_id, error=problem, fallback=None if problem is None else "none")
     return Folded(folded, length, tuple(dropped), problem, event)
+
+
+def fold_stored(history: History, state: State, n: int, store: PrefixStore,
+                events: list[CompactionEvent], *, strategy: str, limit: int,
+                episode_id: str | None) -> State:
+    """``state`` with its entry's read folds done (:func:`fold`; :func:`fold_due` held):
+    stored in ``store`` under the prefix holding the read; its event appended to
+    ``events``."""
+    assert state.entry is not None  # fold_due held
+    folded = fold(history, state.entry, n, strategy=strategy, limit=limit,
+                  episode_id=episode_id)
+    store.put(history.chain[folded.length - 1], folded.entry)
+    if folded.event is not None:
+        events.append(folded.event)
+    return State(folded.entry)

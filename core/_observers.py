@@ -22,13 +22,24 @@ class Observers:
     caller sends: an observer that raises cannot undo it. So it does not stop the call
     (the result, the store, the caller's counters and the other observers — a recorder —
     all see the same compaction); it is warned about once per engine and plugin, by type
-    only (its message may quote the history)."""
+    only (its message may quote the history). A compaction that fell back to a lower rung
+    is warned about once per engine (later ones go to the observers only)."""
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self._pm = pm
         self._failed: set[str] = set()
+        self._warned = False
 
     def report(self, events: Sequence[CompactionEvent]) -> None:
+        self._notify(events)
+        failed = next((e for e in events if e.error), None)
+        if failed is not None and not self._warned:
+            self._warned = True
+            log.warning("agentcompact: a %s compaction fell back to %s (%s); later fallbacks "
+                        "of this engine go to on_compaction only", failed.strategy,
+                        failed.fallback, failed.error)
+
+    def _notify(self, events: Sequence[CompactionEvent]) -> None:
         hook = self._pm.hook.agentcompact_on_compaction
         impls = hook.get_hookimpls()
         if not impls:

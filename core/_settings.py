@@ -9,14 +9,15 @@ engine builds it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["StrategySettings"]
+__all__ = ["StrategySettings", "build_strategy"]
 
 _SUMMARIZER_FIELDS = ("summarizer", "base_url", "model", "api_key")
 
@@ -91,3 +92,40 @@ class StrategySettings:
         """The keyword arguments for the strategy factory: ``options`` and the summarizer
         fields that are set."""
         return {**self._options, **self._summarizer_kwargs()}
+
+
+def build_strategy(strategy: str | StrategySettings | Any,
+                   factory_of: Callable[[str], Callable[..., Any]]
+                   ) -> tuple[Any, dict[str, Any]]:
+    """The strategy object for an engine's ``strategy=`` (a registered name, settings or an
+    object), with the keyword arguments its factory got (``{}`` for an object given).
+
+    :param factory_of: the registry's ``strategy_factory``.
+    """
+    if isinstance(strategy, str):
+        strategy = StrategySettings(strategy)
+    settings: dict[str, Any] = {}
+    if isinstance(strategy, StrategySettings):
+        factory = factory_of(strategy.name)
+        settings = strategy.factory_kwargs()
+        _check_settings(strategy.name, factory, settings)
+        strategy = factory(**settings)
+    if not callable(getattr(strategy, "compact", None)):
+        raise ConfigError(f"strategy {strategy!r} has no compact(request) method")
+    return strategy, settings
+
+
+def _check_settings(name: str, factory: Callable[..., Any], settings: dict[str, Any]) -> None:
+    """A clear error when a strategy does not take the given settings (``summarizer`` or
+    ``model`` given to ``cliff``, a misspelt knob), before anything is constructed."""
+    if not settings:
+        return
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # builtins / C callables: let the call decide
+        return
+    try:
+        sig.bind(**settings)
+    except TypeError as exc:
+        raise ConfigError(f"strategy {name!r} does not take the settings "
+                          f"{', '.join(sorted(settings))}: {exc}") from None

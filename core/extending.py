@@ -12,6 +12,8 @@ import nothing else of the package (``tests/core/test_public_imports.py`` checks
 - ids and counting: :func:`new_id` (episode and call ids), :func:`make_counter` (a token
   counter from a spec such as ``"tiktoken"`` or ``"hf:NAME"``) and :class:`MessageMeter`
   (cached message digests and sizes; pass one to ``Engine(counter=...)``);
+  :class:`FixedTokens` (the tokens of a request's system prompt and tool schemas,
+  remembered: what an integration passes as ``Engine.compact(fixed_tokens=...)``);
 - safe logging: :func:`redact_headers` (HTTP headers with every credential replaced);
 - dropped items as tool results: :func:`search_text` and :data:`DEFAULT_PAGE_CHARS` (what
   an ``expand`` tool pages by);
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from ._events import new_id
 from ._expand import DEFAULT_PAGE_CHARS, search_text
+from ._fixed import FixedTokens
 from ._pluginmanager import get_strategy_factory, load_plugins, registry
 from ._redact import redact_headers
 from ._tokens import MessageMeter, make_counter
@@ -34,6 +37,7 @@ from .trajectory._tokenize import ChatTokenizer
 __all__ = [
     "ChatTokenizer",
     "DEFAULT_PAGE_CHARS",
+    "FixedTokens",
     "MessageMeter",
     "get_strategy_factory",
     "load_plugins",

@@ -7,6 +7,7 @@ import base64
 from google import genai
 from google.genai import types
 
+from agentcompact import Budget
 from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
 from agentcompact.testing import Reply, Script, UpstreamSim, filler_text, serve
 
@@ -28,7 +29,7 @@ def history(steps: int) -> list[dict]:
 
 sim = UpstreamSim(Script(then=Reply("All steps done.")))
 with serve(sim) as upstream:
-    config = ProxyConfig(port=0, trigger=8000, counter="chars", store="memory:",
+    config = ProxyConfig(port=0, budget=Budget(8000), counter="chars", store="memory:",
                          gemini_upstream=upstream.base_url, log_requests=False)
     with ThreadedServer(create_app(config)) as proxy:
         client = genai.Client(api_key="dummy-key",

@@ -36,7 +36,6 @@ Logged contexts are LangChain messages converted to OpenAI chat dicts
 from __future__ import annotations
 
 import hashlib
-import operator
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
@@ -71,7 +70,7 @@ from agentcompact import (
     log_model_call,
 )
 from agentcompact.dialects import head_tail
-from agentcompact.extending import new_id
+from agentcompact.extending import FixedTokens, new_id
 from agentcompact.wire import from_chat_completion
 
 from ..errors import ConfigError, DialectError, ValidationError
@@ -307,29 +306,18 @@ def _tool_schema(tool: Any) -> Any:
                 "description": str(getattr(tool, "description", ""))}
 
 
-class _FixedTokens:
-    """Tokens of a system prompt and tool schemas sent besides the messages, remembered
-    for the last values by identity (an agent passes the same objects every call)."""
+def _fixed_tokens(engine: Engine) -> Callable[[Any, Sequence[Any] | None], int]:
+    """Tokens of a system prompt (a message or its content) and tools sent besides the
+    messages, converted and counted again only when one of them changed (an agent passes
+    the same objects every call)."""
+    fixed = FixedTokens(engine.counter, ("system", "tools"), _body_value)
+    return lambda system, tools: fixed.count({"system": system, "tools": tuple(tools or ())})
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self._last: tuple[Any, tuple[Any, ...], int] | None = None
 
-    def __call__(self, system: Any, tools: Sequence[Any] | None) -> int:
-        tools_t = tuple(tools or ())
-        last = self._last
-        if (last is not None and last[0] is system and len(last[1]) == len(tools_t)
-                and all(map(operator.is_, last[1], tools_t))):
-            return last[2]
-        body: dict[str, Any] = {}
-        content = getattr(system, "content", system)
-        if content:
-            body["system"] = content
-        if tools_t:
-            body["tools"] = [_tool_schema(t) for t in tools_t]
-        count = self.engine.fixed_tokens(body) if body else 0
-        self._last = (system, tools_t, count)
-        return count
+def _body_value(key: str, value: Any) -> Any:
+    if key == "tools":
+        return [_tool_schema(t) for t in value]
+    return getattr(value, "content", value)
 
 
 def _usage_of(message: BaseMessage, result: LLMResult | None = None) -> dict[str, Any]:
@@ -443,7 +431,7 @@ class CompactionNode(Runnable[Any, dict[str, Any]]):
         self.episode_id = episode_id or self.engine.episode_id or new_id()
         self.group_id = group_id
         self.last_result: CompactionResult | None = None
-        self._fixed = _FixedTokens(self.engine)
+        self._fixed = _fixed_tokens(self.engine)
         self._logger: ModelCallLogger | None = None
 
     @property
@@ -673,7 +661,7 @@ class CompactionMiddleware(AgentMiddleware):
         self.record = record
         self.tools = []
         self.last_result: CompactionResult | None = None
-        self._fixed = _FixedTokens(self.engine)
+        self._fixed = _fixed_tokens(self.engine)
         self._dicts = _openai_dicts()  # each message converted once for this middleware
 
     def _fixed_tokens(self, request: ModelRequest) -> int:

@@ -7,8 +7,9 @@ arrive. Fail-open, reactive retry on context-length errors, shadow and strict mo
 ``--record`` for RL export; with ``--rl-tokenizer`` an RL rollout gateway (``GatewayConfig``,
 ``docs/gateway.md``). See ``docs/proxy.md``.
 
+>>> from agentcompact import Budget                                        # doctest: +SKIP
 >>> from agentcompact.integrations.proxy import ProxyConfig, create_app   # doctest: +SKIP
->>> app = create_app(ProxyConfig(trigger=120_000))                        # doctest: +SKIP
+>>> app = create_app(ProxyConfig(budget=Budget(trigger_tokens=120_000)))  # doctest: +SKIP
 
 Needs the ``proxy`` extra (starlette, uvicorn, aiohttp; httptools and uvloop, which
 ``agentcompact proxy`` serves with when installed).

@@ -56,7 +56,6 @@ from agentcompact import (
     InMemoryPrefixStore,
     ModelCall,
     PrefixStore,
-    StrategySettings,
     Tenant,
     __version__,
     log_model_call,
@@ -183,10 +182,10 @@ class EnginePool:
 
     def __init__(self, config: ProxyConfig, pm: pluggy.PluginManager, store: PrefixStore) -> None:
         self.config, self.pm, self.store = config, pm, store
-        self.budget = Budget(trigger_tokens=config.trigger, target_tokens=config.target)
+        self.budget = config.budget
         self.counter = make_counter(config.counter)
         reg = registry(pm)
-        reg.strategy_factory(config.strategy)  # unknown name: ConfigError at start-up
+        reg.strategy_factory(config.strategy_settings.name)  # unknown: ConfigError at start-up
         self.dialects: dict[str, Dialect] = {d: reg.dialect(d) for d in (ANTHROPIC, CHAT,
                                                                           RESPONSES, GEMINI)}
         self._engines: OrderedDict[tuple[str, str], Engine] = OrderedDict()
@@ -233,11 +232,11 @@ class EnginePool:
         return body_bytes // 3 <= self.budget.trigger
 
     def _new(self, dialect: str, session: str, tenant: Tenant = SINGLE_TENANT) -> Engine:
-        options = self.config.strategy_options
+        strategy = self.config.strategy_settings
+        options = strategy.options or {}
         archive: Any = options.get("archive")
         if tenant.id and hasattr(archive, "for_tenant"):
-            options = {**options, "archive": archive.for_tenant(tenant)}
-        strategy = StrategySettings(self.config.strategy, options=options)
+            strategy = replace(strategy, options={**options, "archive": archive.for_tenant(tenant)})
         meter = MessageMeter(self.counter, self.dialects[dialect], max_entries=_METER_ENTRIES)
         budget = self.budget if self.budget_of is None else self.budget_of(session, self.budget)
         engine = Engine(strategy=strategy, dialect=self.dialects[dialect],
@@ -265,14 +264,14 @@ class CompactionProxy:
             log.warning("the archive (%s) has no for_tenant: what it keeps is not scoped "
                         "per tenant", type(self.archive).__name__)
         if self.archive is not None:
-            config = config.replace(strategy_options={**config.strategy_options,
-                                                      "archive": self.archive})
+            config = config.with_strategy_options(archive=self.archive)
         self.config = config
         self.engines = EnginePool(config, self.pm, self.store)
         #: the engines read and write a file or a server: they never run on the event
         #: loop (``_offloop``), so a locked or slow store stalls no other session
         self.store_io = does_io(self.store) or does_io(
-            self.archive if self.archive is not None else config.strategy_options.get("archive"))
+            self.archive if self.archive is not None
+            else (config.strategy_settings.options or {}).get("archive"))
         self.engine_loop = EngineLoop()
         #: recent bodies with their parsed messages: a session's next request only parses
         #: what is new (and keeps the engine's per-message caches hitting, by identity)
@@ -284,7 +283,7 @@ class CompactionProxy:
         if gateway is not None:
             from ._gateway import RLGateway
 
-            self.gateway = RLGateway(gateway, config.trigger, self.pm)
+            self.gateway = RLGateway(gateway, config.budget.trigger, self.pm)
         #: where the recorder listens: the gateway's sinks see the events in order
         self._recorder_pm = self.gateway.sinks if self.gateway is not None else self.pm
         self.recorder = (_register_recorder(self._recorder_pm, config.record) if config.record
@@ -329,7 +328,7 @@ class CompactionProxy:
     async def status(self, request: Request) -> JSONResponse:
         c = self.config
         return JSONResponse(self.stats.snapshot(
-            version=__version__, strategy=c.strategy, trigger=c.trigger,
+            version=__version__, strategy=c.strategy_settings.name, trigger=c.budget.trigger,
             target=self.engines.budget.target, shadow=c.shadow, strict=c.strict,
             recording=c.record is not None,
             store_entries=len(self.store) if isinstance(self.store, Sized) else None,
@@ -1042,10 +1041,11 @@ def _archive(config: ProxyConfig, pm: pluggy.PluginManager) -> Any:
     Opened here, once, so each engine can be given its tenant's view of it."""
     from agentcompact import open_archive
 
-    factory = registry(pm).strategy_factory(config.strategy)
+    strategy = config.strategy_settings
+    factory = registry(pm).strategy_factory(strategy.name)
     if "archive" not in _parameters(factory):
         return None
-    return open_archive(config.strategy_options.get("archive", config.store_url()))
+    return open_archive((strategy.options or {}).get("archive", config.store_url()))
 
 
 def _parameters(factory: Any) -> Mapping[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ import orjson
 from agentcompact.errors import AgentCompactError
 
 from .._threaded_server import DEFAULT_KEEP_ALIVE, server_config
-from ._config import ENV_PREFIX, ProxyConfig
+from ._config import ENV_PREFIX, ProxyConfig, engine_settings
 
 if TYPE_CHECKING:  # the gateway needs the export extra (numpy, pyarrow): imported on use
     from ._gateway import GatewayConfig
@@ -150,13 +151,13 @@ def build_gateway(args: argparse.Namespace) -> GatewayConfig | None:
 def build_config(args: argparse.Namespace) -> ProxyConfig:
     """Defaults < ``AGENTCOMPACT_*`` environment < flags."""
     overrides = {k: getattr(args, k, None) for k in (
-        "host", "port", "strategy", "trigger", "target", "counter", "anthropic_upstream",
-        "openai_upstream", "gemini_upstream", "record", "shadow", "strict", "debug_dir",
-        "reactive", "max_sessions", "log_requests", "store", "state_dir", "archive", "tenancy",
-        "tenant_header", "keep_alive")}
+        "host", "port", "counter", "anthropic_upstream", "openai_upstream", "gemini_upstream",
+        "record", "shadow", "strict", "debug_dir", "reactive", "max_sessions", "log_requests",
+        "store", "state_dir", "archive", "tenancy", "tenant_header", "keep_alive")}
     options = _options(getattr(args, "strategy_option", None) or [])
-    if options:
-        overrides["strategy_options"] = options
+    overrides.update(engine_settings(
+        os.environ, trigger=getattr(args, "trigger", None), target=getattr(args, "target", None),
+        strategy=getattr(args, "strategy", None), strategy_options=options or None))
     return ProxyConfig.from_env(**overrides)
 
 
@@ -188,10 +189,11 @@ def run(args: argparse.Namespace) -> int:
     except AgentCompactError as exc:
         print(f"agentcompact proxy: {exc}", file=sys.stderr)
         return 2
-    start_up(config.trigger, args)
+    start_up(config.budget.trigger, args)
     mode = "shadow" if config.shadow else ("strict" if config.strict else "active")
     log.info("agentcompact proxy on http://%s:%d (%s, strategy=%s, trigger=%d tokens)",
-             config.host, sock.getsockname()[1], mode, config.strategy, config.trigger)
+             config.host, sock.getsockname()[1], mode, config.strategy_settings.name,
+             config.budget.trigger)
     uvicorn.Server(server_config(app, config.host, config.port,
                                  keep_alive=config.keep_alive)).run(sockets=[sock])
     return 0

@@ -1,5 +1,11 @@
 """The proxy's configuration: one dataclass, filled from defaults, ``AGENTCOMPACT_*``
-environment variables and command-line flags (in increasing precedence)."""
+environment variables and command-line flags (in increasing precedence).
+
+The engine options are the Engine's own (``budget=Budget(...)``, ``strategy=`` a name or a
+:class:`~agentcompact.StrategySettings`, ``counter=``), as for every integration; the flags
+and variables ``--trigger``/``AGENTCOMPACT_TRIGGER``, ``--target``, ``--strategy``,
+``--strategy-option``/``AGENTCOMPACT_STRATEGY_OPTIONS`` make them (:func:`engine_settings`).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +18,13 @@ from typing import Any
 
 import orjson
 
+from agentcompact import Budget, StrategySettings
 from agentcompact.errors import ConfigError
 
 from .._threaded_server import DEFAULT_KEEP_ALIVE
 
 __all__ = ["DEFAULT_ANTHROPIC_UPSTREAM", "DEFAULT_GEMINI_UPSTREAM", "DEFAULT_OPENAI_UPSTREAM",
-           "ENV_PREFIX", "ProxyConfig"]
+           "ENV_PREFIX", "ProxyConfig", "engine_settings"]
 
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
 DEFAULT_OPENAI_UPSTREAM = "https://api.openai.com"
@@ -25,26 +32,29 @@ DEFAULT_GEMINI_UPSTREAM = "https://generativelanguage.googleapis.com"
 ENV_PREFIX = "AGENTCOMPACT_"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
+_DEFAULT_TRIGGER = 100_000
 
 
 @dataclass
 class ProxyConfig:
     """Settings of one proxy process.
 
-    Every field ``name`` can be set by the environment variable ``AGENTCOMPACT_<NAME>``
-    (``AGENTCOMPACT_TRIGGER``, ``AGENTCOMPACT_ANTHROPIC_UPSTREAM``…; booleans accept
-    1/0, true/false, yes/no, on/off; ``strategy_options`` is a JSON object).
+    Every field ``name`` but ``budget`` and ``strategy`` can be set by the environment
+    variable ``AGENTCOMPACT_<NAME>`` (``AGENTCOMPACT_ANTHROPIC_UPSTREAM``…; booleans accept
+    1/0, true/false, yes/no, on/off); ``AGENTCOMPACT_TRIGGER``, ``_TARGET``, ``_STRATEGY``
+    and ``_STRATEGY_OPTIONS`` (a JSON object) make those two (:func:`engine_settings`).
+    A keyword that is not a field is a ``ConfigError`` saying where it goes.
 
     :param host: interface to bind (loopback by default: the proxy forwards credentials).
     :param port: TCP port; 0 picks a free one.
-    :param strategy: a strategy name from the plugin registry (``cliff``, ``summary``…).
-    :param strategy_options: keyword arguments for the strategy's factory.
-    :param trigger: compact when a request (its messages, system prompt, instructions and
-        tool schemas) exceeds this many tokens.
-    :param target: bring it down to at most this many (default: the request's fixed part
-        plus ``DEFAULT_TARGET_SHARE`` (0.26) of what the trigger leaves besides it, at
-        least 6,000 tokens of it and at most half; ``Budget.target_for``).
-    :param counter: token counter spec (``tiktoken``, ``tiktoken:ENC``, ``hf:PATH``, ``chars``).
+    :param strategy: as ``Engine(strategy=...)``: a strategy name from the plugin registry
+        (``cliff``, ``summary``…) or a :class:`~agentcompact.StrategySettings` (a name with
+        its factory's options); read back as settings. Each session's engine builds its own.
+    :param budget: as ``Engine(budget=...)`` (default ``Budget(trigger_tokens=100_000)``):
+        compact when a request (its messages, system prompt, instructions and tool schemas)
+        exceeds ``trigger_tokens``, down to ``target_tokens``.
+    :param counter: as ``Engine(counter=...)``: a token counter spec (``tiktoken``,
+        ``tiktoken:ENC``, ``hf:PATH``, ``chars``).
     :param anthropic_upstream: base URL for Anthropic paths (request path appended).
     :param openai_upstream: base URL for every other path.
     :param gemini_upstream: base URL for Gemini API paths (``/v1beta/…``, ``…:generateContent``).
@@ -67,7 +77,7 @@ class ProxyConfig:
     :param state_dir: the folder of the default store (default ``$AGENTCOMPACT_STATE_DIR``,
         else ``~/.agentcompact``; created 0700).
     :param archive: a SQLite file for the archive of dropped originals instead of the
-        store's (``strategy_options["archive"]``); ``agentcompact mcp --archive`` serves
+        store's (the strategy's ``archive`` option); ``agentcompact mcp --archive`` serves
         expand from it.
     :param tenancy: how requests are scoped into tenants (``agentcompact._tenants``):
         ``credential`` (by the request's API key), ``single`` (one person's proxy), or
@@ -82,10 +92,8 @@ class ProxyConfig:
 
     host: str = "127.0.0.1"
     port: int = 8719
-    strategy: str = "cliff"
-    strategy_options: dict[str, Any] = field(default_factory=dict)
-    trigger: int = 100_000
-    target: int | None = None
+    strategy: str | StrategySettings = "cliff"
+    budget: Budget = field(default_factory=lambda: Budget(trigger_tokens=_DEFAULT_TRIGGER))
     counter: str = "tiktoken"
     anthropic_upstream: str = DEFAULT_ANTHROPIC_UPSTREAM
     openai_upstream: str = DEFAULT_OPENAI_UPSTREAM
@@ -107,12 +115,31 @@ class ProxyConfig:
     tenant_header: str | None = None
     tenant_secret: str | None = field(default=None, repr=False)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> ProxyConfig:
+        unknown = sorted(set(kwargs) - _FIELDS)
+        if unknown:
+            raise ConfigError(
+                f"ProxyConfig: unknown setting(s) {', '.join(unknown)}; the engine's options "
+                "are the Engine's: budget figures go in budget=Budget(trigger_tokens=..., "
+                "target_tokens=...), strategy settings in strategy=StrategySettings(name, "
+                "options={...})")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
-        if self.archive and "archive" not in self.strategy_options:
-            self.strategy_options = {**self.strategy_options, "archive": self.archive}
+        if isinstance(self.strategy, str):
+            self.strategy = StrategySettings(self.strategy)
+        if not isinstance(self.strategy, StrategySettings):
+            raise ConfigError(f"ProxyConfig.strategy must be a strategy name or a "
+                              f"StrategySettings (each session builds its own), got "
+                              f"{type(self.strategy).__name__}")
+        if not isinstance(self.budget, Budget):
+            raise ConfigError(f"ProxyConfig.budget must be a Budget, got "
+                              f"{type(self.budget).__name__}")
+        options = self.strategy.options or {}
+        if self.archive and "archive" not in options:
+            self.strategy = dataclasses.replace(self.strategy,
+                                                options={**options, "archive": self.archive})
         _check_numbers(self)
-        if self.target is not None and not 0 < self.target <= self.trigger:
-            raise ConfigError(f"target must be in (0, trigger={self.trigger}], got {self.target}")
         if not (self.keep_alive >= 1 and math.isfinite(self.keep_alive)):
             raise ConfigError(f"keep_alive must be at least 1 second, got {self.keep_alive}")
         if not 0 <= self.port < 65536:
@@ -126,6 +153,18 @@ class ProxyConfig:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{name} must be an http(s) URL, got {url!r}")
             setattr(self, name, url.rstrip("/"))
+
+    @property
+    def strategy_settings(self) -> StrategySettings:
+        """``strategy`` as settings (what ``__post_init__`` made of a name)."""
+        assert isinstance(self.strategy, StrategySettings)  # __post_init__ made it one
+        return self.strategy
+
+    def with_strategy_options(self, **options: Any) -> ProxyConfig:
+        """A copy whose strategy has ``options`` added to its own."""
+        settings = self.strategy_settings
+        return self.replace(strategy=dataclasses.replace(
+            settings, options={**(settings.options or {}), **options}))
 
     def shares_store(self) -> bool:
         """Whether a store or archive others may share was given (``tenancy="auto"``
@@ -141,12 +180,14 @@ class ProxyConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ProxyConfig:
-        """Defaults, then ``AGENTCOMPACT_*`` variables, then ``overrides`` (``None`` skipped)."""
+        """Defaults, then ``AGENTCOMPACT_*`` variables, then ``overrides`` (fields; ``None``
+        skipped): the budget and strategy from the variables (:func:`engine_settings`)
+        unless given."""
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = engine_settings(env)
         for f in dataclasses.fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
+            if raw is not None and f.name not in _ENGINE_FIELDS:
                 values[f.name] = _parse(f.name, f.type, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -156,9 +197,37 @@ class ProxyConfig:
         return dataclasses.replace(self, **changes)
 
 
+_FIELDS = frozenset(f.name for f in dataclasses.fields(ProxyConfig))
+#: fields made from their own variables and flags (:func:`engine_settings`)
+_ENGINE_FIELDS = frozenset({"budget", "strategy"})
+
+
+def engine_settings(environ: Mapping[str, str], *, trigger: int | None = None,
+                    target: int | None = None, strategy: str | None = None,
+                    strategy_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``budget`` and ``strategy`` for :class:`ProxyConfig` from the flags ``--trigger``,
+    ``--target``, ``--strategy``, ``--strategy-option`` (given here; ``None``: not given),
+    else their ``AGENTCOMPACT_*`` variables, else the defaults (100,000 tokens, ``cliff``)."""
+    def env(name: str, kind: str) -> Any:
+        raw = environ.get(ENV_PREFIX + name.upper())
+        return None if raw is None else _parse(name, kind, raw)
+
+    trigger = trigger if trigger is not None else env("trigger", "int | None")
+    target = target if target is not None else env("target", "int | None")
+    trigger = _DEFAULT_TRIGGER if trigger is None else trigger
+    _check_number("trigger", trigger, 1, True, "a token count", int)
+    if target is not None and not 0 < target <= trigger:
+        raise ConfigError(f"--target ({ENV_PREFIX}TARGET) must be in (0, --trigger={trigger}], "
+                          f"got {target!r}")
+    name = strategy if strategy is not None else env("strategy", "str")
+    options = strategy_options if strategy_options is not None else env(
+        "strategy_options", "dict[str, Any]")
+    return {"budget": Budget(trigger_tokens=trigger, target_tokens=target),
+            "strategy": StrategySettings(name or "cliff", options=options)}
+
+
 #: numeric settings: name -> (least value, whether the least is allowed, the flag's meaning)
 _NUMBERS: dict[str, tuple[float, bool, str]] = {
-    "trigger": (1, True, "a token count"),
     "max_sessions": (1, True, "sessions kept in memory"),
     "connect_timeout": (0, False, "seconds"),
     "read_timeout": (0, False, "seconds"),
@@ -169,17 +238,21 @@ def _check_numbers(config: ProxyConfig) -> None:
     """Refuse at start a numeric setting no request could work with (``--max-sessions
     -1`` would fail every request), naming the flag, its variable and what it takes."""
     for name, (least, inclusive, meaning) in _NUMBERS.items():
-        value = getattr(config, name)
         kind = int if isinstance(getattr(ProxyConfig, name, 0), int) else float
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and (kind is float or isinstance(value, int)) and value == value
-              and value not in (float("inf"), float("-inf"))
-              and (value >= least if inclusive else value > least))
-        if not ok:
-            bound = f">= {least:g}" if inclusive else f"> {least:g}"
-            what = "an integer" if kind is int else "a finite number"
-            raise ConfigError(f"--{name.replace('_', '-')} ({ENV_PREFIX}{name.upper()}) must "
-                              f"be {what} {bound} ({meaning}), got {value!r}")
+        _check_number(name, getattr(config, name), least, inclusive, meaning, kind)
+
+
+def _check_number(name: str, value: Any, least: float, inclusive: bool, meaning: str,
+                  kind: type) -> None:
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and (kind is float or isinstance(value, int)) and value == value
+          and value not in (float("inf"), float("-inf"))
+          and (value >= least if inclusive else value > least))
+    if not ok:
+        bound = f">= {least:g}" if inclusive else f"> {least:g}"
+        what = "an integer" if kind is int else "a finite number"
+        raise ConfigError(f"--{name.replace('_', '-')} ({ENV_PREFIX}{name.upper()}) must "
+                          f"be {what} {bound} ({meaning}), got {value!r}")
 
 
 def _parse(name: str, kind: Any, raw: str) -> Any:

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     _setup_logging(getattr(args, "log_level", "INFO"), args.log_file)
     try:
         server = _start(args)
-        start_up(server.proxy.config.trigger, args)
+        start_up(server.proxy.config.budget.trigger, args)
     except AgentCompactError as exc:
         print(f"agentcompact run: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
-from agentcompact import new_plugin_manager
+from agentcompact import Budget, new_plugin_manager
 from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
 from agentcompact.integrations.proxy._wire import dialect_for
 from agentcompact.testing import RecordedRequest, Script, UpstreamSim, serve
@@ -90,7 +90,7 @@ def run_cli(cli: str, executable: str, tmp: Path, *, steps: int, trigger: int,
     loop = ToolLoop(write_step_files(work, steps, file_bytes))
     sim = UpstreamSim(Script(then=loop))
     with _captured("agentcompact") as logs, serve(sim) as upstream:
-        config = ProxyConfig(port=0, trigger=trigger, anthropic_upstream=upstream.base_url,
+        config = ProxyConfig(port=0, budget=Budget(trigger), anthropic_upstream=upstream.base_url,
                              openai_upstream=upstream.base_url,
                              gemini_upstream=upstream.base_url, debug_dir=str(debug))
         app = create_app(config, plugins=new_plugin_manager())

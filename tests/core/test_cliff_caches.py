@@ -324,6 +324,6 @@ def test_the_engine_asks_the_pin_hook_once_per_message() -> None:
             return index == 4
 
     pm.register(Late())
-    engine._history(msgs)  # a call notices the new plugin set
+    engine.context_tokens(msgs)  # a call notices the new plugin set
     pins = engine._pins.within(msgs, 1, len(msgs))
     assert 4 in pins and later  # the new plugin set is asked

@@ -44,7 +44,7 @@ PUBLIC: dict[str, list[str]] = {
     "agentcompact.dialects": ["AnthropicDialect", "Dialect", "GeminiDialect",
         "OpenAIChatDialect", "OpenAIResponsesDialect", "Part", "digest_of", "head_tail",
         "truncated"],
-    "agentcompact.extending": ["ChatTokenizer", "DEFAULT_PAGE_CHARS", "MessageMeter",
+    "agentcompact.extending": ["ChatTokenizer", "DEFAULT_PAGE_CHARS", "FixedTokens", "MessageMeter",
         "get_strategy_factory", "load_plugins", "make_counter", "new_id", "redact_headers",
         "registry", "search_text"],
     "agentcompact.errors": ["AgentCompactError", "ArchiveError", "CompactionError",

@@ -30,6 +30,7 @@ from agentcompact._turns import thinking_loop_error
 from agentcompact.dialects import OpenAIChatDialect
 from agentcompact.errors import DialectError
 from agentcompact.strategies import CompactionRequest, Rendered
+from tests.tool_loop import Call, Step, tool_loop
 
 from .histories import build
 
@@ -108,17 +109,10 @@ def test_store_keys_include_the_settings_and_the_episode() -> None:
 def _thinking_loop(steps: int) -> list[Any]:
     """One user prompt, then a long tool loop whose first assistant message alone carries
     signed thinking (as without interleaved thinking)."""
-    msgs: list[Any] = [{"role": "user", "content": "Fix the bug."}]
-    for k in range(steps):
-        blocks: list[Any] = []
-        if k == 0:
-            blocks.append({"type": "thinking", "thinking": "plan " * 50, "signature": "sig"})
-        blocks.append({"type": "tool_use", "id": f"t{k}", "name": "bash",
-                       "input": {"cmd": f"step {k}"}})
-        msgs.append({"role": "assistant", "content": blocks})
-        msgs.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": f"t{k}", "content": "output " * 300}]})
-    return msgs
+    return tool_loop("anthropic", [
+        Step([Call(f"t{k}", "bash", {"cmd": f"step {k}"}, "output " * 300)],
+             thinking="plan " * 50 if k == 0 else None, signature="sig")
+        for k in range(steps)], task="Fix the bug.")
 
 
 def test_thinking_is_not_cut_out_of_a_tool_loop() -> None:

@@ -28,6 +28,7 @@ from agentcompact import (
 from agentcompact._archive import handle_of
 from agentcompact.plugins.rules import is_rule
 from tests.core.histories import text
+from tests.tool_loop import Call, Step, tool_loop
 
 TRIGGER = 20_000
 
@@ -54,22 +55,15 @@ def rule(k: int) -> str:
 
 
 def history(turns: int, result_chars: int = 16_000, rule_every: int = 3) -> list[Any]:
-    """A Claude Code shaped session: each turn a Bash call and its result; every
-    ``rule_every`` turns the user types a rule while the tool runs (a text block after the
-    tool_result block, in the same user message)."""
-    msgs: list[Any] = [{"role": "user", "content": "Fix the failing tests in src/."}]
-    for k in range(turns):
-        msgs.append({"role": "assistant", "content": [
-            {"type": "text", "text": f"Running step {k}."},
-            {"type": "tool_use", "id": f"tu_{k}", "name": "Bash",
-             "input": {"command": f"pytest tests/test_{k}.py"}}]})
-        blocks: list[Any] = [{"type": "tool_result", "tool_use_id": f"tu_{k}",
-                              "content": text(result_chars, k)}]
-        if k % rule_every == rule_every - 1:
-            blocks.append({"type": "text", "text": rule(k)})
-        msgs.append({"role": "user", "content": blocks})
-    msgs.append({"role": "assistant", "content": [{"type": "text", "text": "Done."}]})
-    return msgs
+    """A Claude Code shaped session (``tests.tool_loop``): each turn a Bash call and its
+    result; every ``rule_every`` turns the user types a rule while the tool runs (a text
+    block after the tool_result block, in the same user message)."""
+    steps = [Step([Call(f"tu_{k}", "Bash", {"command": f"pytest tests/test_{k}.py"},
+                        text(result_chars, k))], f"Running step {k}.",
+                  human=rule(k) if k % rule_every == rule_every - 1 else None)
+             for k in range(turns)]
+    return tool_loop("anthropic", [*steps, Step(text="Done.")],
+                     task="Fix the failing tests in src/.")
 
 
 def engine_with(*plugins: Any, archive: Any = None) -> tuple[Engine, Events]:

@@ -8,33 +8,23 @@ from typing import Any
 from agentcompact.replay import replay
 from agentcompact.trajectory import Trajectory
 from tests.core.histories import text
+from tests.tool_loop import Call, Step, tool_loop
 
 RULE = "Never edit files under vendor/ and keep every function under 40 lines."
 
 
 def session() -> list[dict[str, Any]]:
-    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug in src/app.py"}]
+    steps: list[Step] = []
     for k in range(30):
         log = (text(1_250, k) + f"\nsrc/module_{k}.py:{100 + k}: check_value_{k}\n"
                + text(1_250, k + 100))  # mid-result: a compaction cuts it out
-        msgs.append({"role": "assistant", "content": [
-            {"type": "text", "text": f"Looking at module_{k}."},
-            {"type": "tool_use", "id": f"t{k}", "name": "Bash",
-             "input": {"command": f"pytest tests/test_module_{k}.py"}}]})
-        content: list[dict[str, Any]] = [
-            {"type": "tool_result", "tool_use_id": f"t{k}", "content": log}]
-        if k == 2:
-            content.append({"type": "text", "text": RULE})
-        msgs.append({"role": "user", "content": content})
+        steps.append(Step([Call(f"t{k}", "Bash", {"command": f"pytest tests/test_module_{k}.py"},
+                                log)], f"Looking at module_{k}.", human=RULE if k == 2 else None))
         # the next turn names what an older result said: needed items, dropped by now
         old = max(0, k - 6)
-        msgs.append({"role": "assistant", "content": [
-            {"type": "text", "text": f"Earlier, module_{old} said check_value_{old}."},
-            {"type": "tool_use", "id": f"u{k}", "name": "Read",
-             "input": {"file_path": f"src/module_{k}.py"}}]})
-        msgs.append({"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": f"u{k}", "content": "ok"}]})
-    return msgs
+        steps.append(Step([Call(f"u{k}", "Read", {"file_path": f"src/module_{k}.py"}, "ok")],
+                          f"Earlier, module_{old} said check_value_{old}."))
+    return tool_loop("anthropic", steps, task="Fix the bug in src/app.py")
 
 
 def test_replay_reports_expand_recall_and_rules() -> None:

@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from agentcompact import new_plugin_manager
+from agentcompact import Budget, new_plugin_manager
 from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
 from agentcompact.testing import LatencyModel, UpstreamSim, filler_text, serve
 from tests.integrations.proxy.histories import chat_history
@@ -88,7 +88,7 @@ def proxy_for() -> Iterator[Any]:
     def start(store: str) -> ThreadedServer:
         slow = serve(UpstreamSim(latency=LatencyModel(decode_tokens_per_s=40))).start()
         fast = serve().start()
-        config = ProxyConfig(store=store, trigger=3000, target=1500, counter="chars",
+        config = ProxyConfig(store=store, budget=Budget(3000, 1500), counter="chars",
                              anthropic_upstream=slow.base_url, openai_upstream=fast.base_url,
                              log_requests=False)
         proxy = ThreadedServer(create_app(config, plugins=new_plugin_manager())).start()
@@ -262,7 +262,7 @@ def test_an_async_strategy_with_a_file_store_runs_off_the_event_loop(tmp_path: P
     SlowAsyncStrategy.threads.clear()
     with serve() as upstream:
         config = ProxyConfig(store=f"sqlite:///{tmp_path}/s.db", strategy="slow-async",
-                             trigger=3000, target=1500, counter="chars",
+                             budget=Budget(3000, 1500), counter="chars",
                              openai_upstream=upstream.base_url,
                              anthropic_upstream=upstream.base_url, log_requests=False)
         with ThreadedServer(create_app(config, plugins=pm)) as proxy:

@@ -12,6 +12,7 @@ from agentcompact import CompactionEvent, SummaryCall, hookimpl, new_plugin_mana
 from agentcompact._markers import COMPACTION_HEADER, SUMMARY_HEADER
 from agentcompact.testing import RunningServer, Script, UpstreamSim, serve
 from agentcompact.testing import digest_reply as digest_reply
+from tests.tool_loop import Call, Step, tool_loop
 
 WORDS = ("the build of src/app.py failed with FileNotFoundError at line 42 so we ran make "
          "test again and pytest reported 3 errors in tests/test_io.py ").split()
@@ -23,21 +24,17 @@ def words(n: int, seed: int) -> str:
 
 def history(turns: int, result_words: int = 300, *, start: int = 0,
             human_every: int = 0) -> list[dict[str, Any]]:
-    """A chat history: system + task, then ``turns`` tool turns; turn ``k`` carries the
-    marker ``TURN<k>`` in its call, result and (when ``human_every``) a user message."""
-    msgs: list[dict[str, Any]] = [] if start else [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Fix the failing build. Never touch setup.cfg."}]
-    for k in range(start, start + turns):
-        call = {"id": f"call_{k}", "type": "function",
-                "function": {"name": "bash", "arguments": json.dumps({"cmd": f"make TURN{k}"})}}
-        msgs.append({"role": "assistant", "content": f"Step TURN{k}: run make.",
-                     "tool_calls": [call]})
-        msgs.append({"role": "tool", "tool_call_id": f"call_{k}",
-                     "content": f"TURN{k} output: " + words(result_words, k)})
-        if human_every and k % human_every == human_every - 1:
-            msgs.append({"role": "user", "content": f"User note TURN{k}: keep going."})
-    return msgs
+    """A chat history (``tests.tool_loop``): system + task, then ``turns`` tool turns;
+    turn ``k`` carries the marker ``TURN<k>`` in its call, result and (when
+    ``human_every``) a user message."""
+    steps = [Step([Call(f"call_{k}", "bash", {"cmd": f"make TURN{k}"},
+                        f"TURN{k} output: " + words(result_words, k))],
+                  f"Step TURN{k}: run make.",
+                  human=f"User note TURN{k}: keep going." if human_every
+                  and k % human_every == human_every - 1 else None)
+             for k in range(start, start + turns)]
+    return tool_loop("openai_chat", steps, system="You are a coding agent.",
+                     task=None if start else "Fix the failing build. Never touch setup.cfg.")
 
 
 def grow(msgs: list[dict[str, Any]], turns: int, **kw: Any) -> list[dict[str, Any]]:

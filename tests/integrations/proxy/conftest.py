@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agentcompact import new_plugin_manager
+from agentcompact import Budget, new_plugin_manager
 from agentcompact.integrations.proxy import ProxyConfig, ThreadedServer, create_app
 from agentcompact.testing import RunningServer, UpstreamSim, serve
 
@@ -124,4 +124,4 @@ def start_proxy(upstream: Upstream) -> Iterator[ProxyFactory]:
 @pytest.fixture
 def proxy(start_proxy: ProxyFactory) -> ThreadedServer:
     """A proxy with a low trigger (cliff strategy, chars/4 counting)."""
-    return start_proxy(trigger=3000, target=1500, counter="chars")
+    return start_proxy(budget=Budget(3000, 1500), counter="chars")

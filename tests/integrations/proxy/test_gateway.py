@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from agentcompact import new_plugin_manager
+from agentcompact import Budget, new_plugin_manager
 from agentcompact.integrations.proxy import GatewayConfig, ProxyConfig, ThreadedServer, create_app
 from agentcompact.testing import UpstreamSim, logprob_of, serve
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
@@ -39,8 +39,8 @@ def vllm() -> Iterator[Any]:
 def _gateway(vllm: Any, tmp_path: Path, **options: Any) -> ThreadedServer:
     record = options.pop("record", None)
     config = ProxyConfig(openai_upstream=vllm.base_url, anthropic_upstream=vllm.base_url,
-                         trigger=options.pop("trigger", 700), counter="chars", store="memory:",
-                         log_requests=False, record=record)
+                         budget=Budget(options.pop("trigger", 700)), counter="chars",
+                         store="memory:", log_requests=False, record=record)
     gateway = GatewayConfig(tokenizer=str(QWEN_TOKENIZER), **options)
     app = create_app(config, plugins=new_plugin_manager(), gateway=gateway)
     server = ThreadedServer(app).start()

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from agentcompact import tenant_of
+from agentcompact import Budget, tenant_of
 from agentcompact._archive import SQLiteArchive, open_archive
 
 from .conftest import ProxyFactory, Upstream
@@ -25,7 +25,7 @@ KEY = "sk-ant-archive-test"  # the tenant: --archive names a file others may sha
 
 
 def run_session(start_proxy: ProxyFactory, upstream: Upstream, path: Path) -> str:
-    proxy = start_proxy(trigger=3000, target=1500, counter="chars", archive=str(path))
+    proxy = start_proxy(budget=Budget(3000, 1500), counter="chars", archive=str(path))
     history = anthropic_history(14)
     body = {"model": "sim-model", "max_tokens": 64, "messages": history}
     with httpx.Client(base_url=proxy.base_url, timeout=10) as client:

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from agentcompact import (
+    Budget,
     CompactionEvent,
     Engine,
     get_dialect,
@@ -84,7 +85,7 @@ def test_strategy_error_falls_back_and_is_reported(start_proxy: ProxyFactory,
 
     pm = new_plugin_manager()
     pm.register(Plugin())
-    proxy = start_proxy(plugins=pm, strategy="boom", trigger=3000, counter="chars")
+    proxy = start_proxy(plugins=pm, strategy="boom", budget=Budget(3000), counter="chars")
     response = post(proxy, "/v1/messages", anthropic_body())
     assert response.status_code == 200
     assert events and all("RuntimeError" in (e.error or "") for e in events)
@@ -220,7 +221,7 @@ def test_other_400_is_not_retried(proxy: ThreadedServer, upstream: Upstream) -> 
 
 
 def test_shadow_forwards_the_original(start_proxy: ProxyFactory, upstream: Upstream) -> None:
-    proxy = start_proxy(shadow=True, trigger=3000, counter="chars")
+    proxy = start_proxy(shadow=True, budget=Budget(3000), counter="chars")
     raw = orjson.dumps(anthropic_body())
     assert post(proxy, "/v1/messages", raw).status_code == 200
     assert upstream.tap.sent[-1].request == raw
@@ -231,7 +232,7 @@ def test_shadow_forwards_the_original(start_proxy: ProxyFactory, upstream: Upstr
 
 def test_strict_refuses_what_stays_over_budget(start_proxy: ProxyFactory,
                                                upstream: Upstream) -> None:
-    proxy = start_proxy(strict=True, trigger=3000, counter="chars")
+    proxy = start_proxy(strict=True, budget=Budget(3000), counter="chars")
     history = anthropic_history(10)
     history.append({"role": "assistant", "content": [  # a tool call no cut can shrink
         {"type": "tool_use", "id": "toolu_big", "name": "write_file",
@@ -304,7 +305,7 @@ async def echo_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def test_codex_backend_path_is_compacted_as_responses(start_proxy: ProxyFactory) -> None:
     items = responses_history(20)
     with serve(echo_app) as chatgpt:
-        proxy = start_proxy(openai_upstream=chatgpt.base_url, trigger=3000, counter="chars")
+        proxy = start_proxy(openai_upstream=chatgpt.base_url, budget=Budget(3000), counter="chars")
         response = post(proxy, "/backend-api/codex/responses", {"model": MODEL, "input": items},
                         authorization="Bearer chatgpt-oauth-token", session_id="codex-1")
     seen = response.json()

@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from agentcompact import validate
+from agentcompact import Budget, validate
 from agentcompact.dialects import GeminiDialect
 from agentcompact.integrations.proxy import ThreadedServer
 from agentcompact.integrations.proxy._wire import (
@@ -28,6 +28,7 @@ from agentcompact.integrations.proxy._wire import (
 )
 from agentcompact.testing import Reply, ToolCall, filler_text
 from agentcompact.wire import reassemble
+from tests.tool_loop import Call, Step, tool_loop
 
 from .conftest import ProxyFactory, Upstream
 
@@ -41,23 +42,20 @@ D = GeminiDialect()
 
 
 def gemini_history(turns: int, result_tokens: int = 300) -> list[dict[str, Any]]:
-    """What Gemini CLI sends (its shape captured from 0.61.0): the prompt, then per step a
-    model content with a signed call (a parallel pair every third step, the signature on
-    the first call only) and a user content answering every call, ids kept."""
-    contents: list[dict[str, Any]] = [{"role": "user", "parts": [
-        {"text": "<session_context>\nThis is the Gemini CLI.\n</session_context>"},
-        {"text": "Read the step files one by one."}]}]
+    """What Gemini CLI sends (its shape captured from 0.61.0; ``tests.tool_loop``): the
+    prompt, then per step a model content with a signed call (a parallel pair every third
+    step, the signature on the first call only) and a user content answering every call,
+    ids kept."""
+    steps = []
     for t in range(turns):
-        ids = [f"read_file_{t}_{j}" for j in range(2 if t % 3 == 2 else 1)]
-        calls = [{"functionCall": {"id": i, "args": {"file_path": f"/w/step{t}_{j}.txt"},
-                                   "name": "read_file"}} for j, i in enumerate(ids)]
-        calls[0]["thoughtSignature"] = base64.b64encode(f"state of step {t} ".encode() * 4
-                                                        ).decode()
-        contents.append({"parts": calls, "role": "model"})
-        contents.append({"parts": [{"functionResponse": {
-            "name": "read_file", "response": {"output": f"STEP-{t}\n" + filler_text(
-                result_tokens)}, "id": i}} for i in ids], "role": "user"})
-    return contents
+        pair = range(2 if t % 3 == 2 else 1)
+        steps.append(Step(
+            [Call(f"read_file_{t}_{j}", "read_file", {"file_path": f"/w/step{t}_{j}.txt"},
+                  f"STEP-{t}\n" + filler_text(result_tokens)) for j in pair],
+            signature=base64.b64encode(f"state of step {t} ".encode() * 4).decode()))
+    return tool_loop("gemini", steps, task=[
+        "<session_context>\nThis is the Gemini CLI.\n</session_context>",
+        "Read the step files one by one."])
 
 
 def body(contents: list[Any], **extra: Any) -> dict[str, Any]:
@@ -153,7 +151,7 @@ def test_count_tokens_and_other_paths_pass_through_untouched(
 
 def test_debug_dumps_redact_the_key(start_proxy: ProxyFactory, upstream: Upstream,
                                     tmp_path: Path) -> None:
-    proxy = start_proxy(trigger=3000, counter="chars", debug_dir=str(tmp_path / "dumps"))
+    proxy = start_proxy(budget=Budget(3000), counter="chars", debug_dir=str(tmp_path / "dumps"))
     contents = gemini_history(3)
     httpx.post(f"{proxy.base_url}{STREAM}?alt=sse&key={KEY}", json=body(contents),
                headers={"x-goog-api-key": KEY}, timeout=30)
@@ -176,7 +174,7 @@ def test_an_unreachable_upstream_is_a_google_error_without_the_key(
 @pytest.mark.parametrize("stream", [True, False])
 def test_record_reassembles_the_model_content(start_proxy: ProxyFactory, upstream: Upstream,
                                               tmp_path: Path, stream: bool) -> None:
-    proxy = start_proxy(record=str(tmp_path / "run"), trigger=3000, counter="chars")
+    proxy = start_proxy(record=str(tmp_path / "run"), budget=Budget(3000), counter="chars")
     long_text = "Looking at the step files in order. " * 6
     upstream.sim.script.push(Reply.calling(ToolCall("read_file", {"file_path": "a"}),
                                            ToolCall("read_file", {"file_path": "b"}),
@@ -253,7 +251,7 @@ def test_a_recorded_gemini_run_exports_to_rows(start_proxy: ProxyFactory, upstre
 
     from ...conftest import QWEN_TOKENIZER
 
-    proxy = start_proxy(record=str(tmp_path / "run"), trigger=3000, counter="chars")
+    proxy = start_proxy(record=str(tmp_path / "run"), budget=Budget(3000), counter="chars")
     upstream.sim.script.push(Reply.calling(ToolCall("read_file", {"file_path": "a"}),
                                            text="Reading a."), "Done.")
     url = f"{proxy.base_url}/v1beta/models/gemini-3-pro-preview:generateContent"

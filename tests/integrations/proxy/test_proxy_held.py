@@ -17,6 +17,7 @@ import httpx
 import orjson
 import pytest
 
+from agentcompact import Budget
 from agentcompact.integrations.proxy import ThreadedServer
 
 from .conftest import ProxyFactory, Upstream
@@ -45,7 +46,7 @@ def status(proxy: ThreadedServer) -> dict[str, Any]:
 
 def test_unchanged_requests_go_out_held_then_complete(start_proxy: ProxyFactory,
                                                       upstream: Upstream) -> None:
-    proxy = holding(start_proxy, trigger=200_000, counter="chars")
+    proxy = holding(start_proxy, budget=Budget(200_000), counter="chars")
     full = anthropic_history(12)
     sent: list[bytes] = []
     with httpx.Client(base_url=proxy.base_url, timeout=10) as client:
@@ -68,7 +69,7 @@ def test_held_request_is_dropped_when_the_engine_changes_the_body(
         start_proxy: ProxyFactory, upstream: Upstream) -> None:
     # chars/4 counting; an image counts 1,600 tokens whatever its JSON's size, so short
     # image blocks look harmless by their bytes and still push the session over the trigger
-    proxy = holding(start_proxy, trigger=3000, target=1500, counter="chars")
+    proxy = holding(start_proxy, budget=Budget(3000, 1500), counter="chars")
     history = anthropic_history(4)
     with httpx.Client(base_url=proxy.base_url, timeout=10) as client:
         first, response = post(client, history)
@@ -103,7 +104,7 @@ def test_held_request_is_dropped_when_the_engine_changes_the_body(
 
 def test_only_a_body_whose_length_may_stay_under_the_trigger_is_held(
         start_proxy: ProxyFactory, upstream: Upstream, caplog: pytest.LogCaptureFixture) -> None:
-    proxy = holding(start_proxy, trigger=6000, target=3000, counter="chars",
+    proxy = holding(start_proxy, budget=Budget(6000, 3000), counter="chars",
                     log_requests=True)
     full = anthropic_history(30)
     caplog.set_level(logging.INFO, logger="agentcompact.proxy")
@@ -132,7 +133,7 @@ def test_held_request_waits_for_the_engine_when_its_bytes_could_reach_the_trigge
     # only their bytes bound the 1,200 new ones for certain (> the ~1,100 left): the last
     # byte waits
     # for the exact count (~300 tokens: unchanged), then goes
-    proxy = holding(start_proxy, trigger=3000, target=1500, counter="chars",
+    proxy = holding(start_proxy, budget=Budget(3000, 1500), counter="chars",
                     log_requests=True)
     caplog.set_level(logging.INFO, logger="agentcompact.proxy")
     base = [{"role": "user", "content": "x" * 7600}]
@@ -154,7 +155,7 @@ def test_a_large_body_streams_upstream_while_the_client_still_sends_it(
     # the default proxy (bodies of 64 KiB or more held): the client sends the first half
     # of a 200 KB body, then waits until the upstream has received that half before it
     # sends the rest: a proxy that waited for the whole body would never get the rest
-    proxy = start_proxy(trigger=1_000_000, counter="chars")
+    proxy = start_proxy(budget=Budget(1_000_000), counter="chars")
     raw = orjson.dumps({"model": "sim-model", "max_tokens": 64,
                         "messages": anthropic_history(40, result_tokens=1200)})
     assert len(raw) > 200_000
@@ -187,7 +188,7 @@ def test_a_client_leaving_mid_body_leaves_the_upstream_an_incomplete_request(
         start_proxy: ProxyFactory, upstream: Upstream) -> None:
     import socket
 
-    proxy = holding(start_proxy, trigger=1_000_000, counter="chars")
+    proxy = holding(start_proxy, budget=Budget(1_000_000), counter="chars")
     raw = orjson.dumps({"model": "sim-model", "max_tokens": 64,
                         "messages": anthropic_history(4)})
     with httpx.Client(base_url=proxy.base_url, timeout=10) as client:
@@ -227,9 +228,9 @@ def test_held_requests_through_an_environment_proxy_go_by_aiohttp(
         monkeypatch.delenv(name, raising=False)
     with serve(forward) as forward_proxy:
         monkeypatch.setenv("HTTP_PROXY", forward_proxy.base_url)
-        proxy = holding(start_proxy, trigger=200_000, counter="chars",
+        proxy = holding(start_proxy, budget=Budget(200_000), counter="chars",
                         anthropic_upstream="http://upstream.invalid")
-        small = holding(start_proxy, trigger=3000, target=1500, counter="chars",
+        small = holding(start_proxy, budget=Budget(3000, 1500), counter="chars",
                         anthropic_upstream="http://upstream.invalid")
         full = anthropic_history(8)
         sent: list[bytes] = []
@@ -262,7 +263,7 @@ def test_requests_sent_early_are_logged_with_the_engines_figures(
     # completed upstream before the engine measured it, a request's log line and the
     # status page still carry the engine's exact figures, and each next request of the
     # session can be sent early again
-    proxy = holding(start_proxy, trigger=200_000, counter="chars", log_requests=True)
+    proxy = holding(start_proxy, budget=Budget(200_000), counter="chars", log_requests=True)
     caplog.set_level(logging.INFO, logger="agentcompact.proxy")
     full = anthropic_history(6)
     with httpx.Client(base_url=proxy.base_url, timeout=10) as client:

@@ -14,6 +14,7 @@ import openai
 import orjson
 import pytest
 
+from agentcompact import Budget
 from agentcompact.testing import Reply, ToolCall
 from tests.conftest import QWEN_TOKENIZER, needs_shared_data
 
@@ -41,7 +42,7 @@ def read_events(run_dir: Path) -> list[dict[str, Any]]:
 
 def test_record_anthropic_stream_reassembled(start_proxy: ProxyFactory, upstream: Upstream,
                                              tmp_path: Path) -> None:
-    proxy = start_proxy(record=str(tmp_path / "run"), trigger=3000, counter="chars")
+    proxy = start_proxy(record=str(tmp_path / "run"), budget=Budget(3000), counter="chars")
     upstream.sim.script.push(
         Reply.calling(ToolCall("read_file", {"path": "a.py"}), ToolCall("ls", {}), text="Go.")
         .thinking_first("plan it", "sig-rec"))
@@ -72,7 +73,7 @@ def test_record_anthropic_stream_reassembled(start_proxy: ProxyFactory, upstream
 
 def test_record_chat_and_responses_streams(start_proxy: ProxyFactory, upstream: Upstream,
                                            tmp_path: Path) -> None:
-    proxy = start_proxy(record=str(tmp_path / "run"), trigger=3000, counter="chars")
+    proxy = start_proxy(record=str(tmp_path / "run"), budget=Budget(3000), counter="chars")
     upstream.sim.script.push(Reply.calling(ToolCall("a", {"x": 1}), ToolCall("b", {}), text="T"),
                              Reply.tool("shell", {"cmd": "ls"}).thinking_first("r", "enc-9"))
     with openai.OpenAI(base_url=f"{proxy.base_url}/v1", api_key="k", max_retries=0) as client:
@@ -99,7 +100,7 @@ def test_record_chat_and_responses_streams(start_proxy: ProxyFactory, upstream: 
 def test_debug_dir_is_private_and_redacted(start_proxy: ProxyFactory, upstream: Upstream,
                                            tmp_path: Path) -> None:
     debug = tmp_path / "debug"
-    proxy = start_proxy(debug_dir=str(debug), trigger=3000, counter="chars")
+    proxy = start_proxy(debug_dir=str(debug), budget=Budget(3000), counter="chars")
     body = {"model": MODEL, "max_tokens": 64, "messages": anthropic_history(20),
             "metadata": {"user_id": CLAUDE_USER_ID, "api_key": "sk-in-body-secret"}}
     with httpx.Client(base_url=proxy.base_url, timeout=30) as client:
@@ -129,7 +130,7 @@ def test_debug_dir_is_private_and_redacted(start_proxy: ProxyFactory, upstream: 
 
 def test_status_and_request_log(start_proxy: ProxyFactory, upstream: Upstream,
                                 caplog: pytest.LogCaptureFixture) -> None:
-    proxy = start_proxy(trigger=3000, counter="chars", log_requests=True)
+    proxy = start_proxy(budget=Budget(3000), counter="chars", log_requests=True)
     with caplog.at_level(logging.INFO, logger="agentcompact.proxy"), \
             anthropic.Anthropic(base_url=proxy.base_url, api_key="sk-ant-never-logged",
                                 max_retries=0) as client:

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from agentcompact import CompactionEvent, hookimpl, new_plugin_manager
+from agentcompact import Budget, CompactionEvent, hookimpl, new_plugin_manager
 
 from .conftest import ProxyFactory, Upstream
 from .histories import anthropic_history
@@ -35,7 +35,7 @@ def test_a_raising_observer_leaves_store_result_status_and_recorder_agreeing(
         start_proxy: ProxyFactory, upstream: Upstream, tmp_path: Path) -> None:
     pm = new_plugin_manager()
     pm.register(Raising())
-    proxy = start_proxy(plugins=pm, record=str(tmp_path / "run"), trigger=3000,
+    proxy = start_proxy(plugins=pm, record=str(tmp_path / "run"), budget=Budget(3000),
                         counter="chars")
     history = anthropic_history(20)
     with httpx.Client(base_url=proxy.base_url, timeout=30) as client:

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from agentcompact import hookimpl, new_plugin_manager
+from agentcompact import Budget, hookimpl, new_plugin_manager
 
 from .conftest import ProxyFactory, Upstream
 from .histories import anthropic_history
@@ -40,7 +40,7 @@ def test_fallback_and_error_in_the_log_line_and_counted_on_the_status_page(
 
     pm = new_plugin_manager()
     pm.register(Plugin())
-    proxy = start_proxy(plugins=pm, strategy="boom", trigger=3000, counter="chars",
+    proxy = start_proxy(plugins=pm, strategy="boom", budget=Budget(3000), counter="chars",
                         log_requests=True)
     caplog.set_level(logging.INFO, logger="agentcompact")
     for turns in (20, 22):
@@ -64,7 +64,7 @@ def test_fallback_and_error_in_the_log_line_and_counted_on_the_status_page(
 
 def test_strict_refuses_an_over_limit_request_nothing_could_shrink(
         start_proxy: ProxyFactory, upstream: Upstream) -> None:
-    proxy = start_proxy(strict=True, trigger=3000, counter="chars")
+    proxy = start_proxy(strict=True, budget=Budget(3000), counter="chars")
     body = {"model": MODEL, "max_tokens": 64,
             "messages": [{"role": "user", "content": "word " * 4000}]}  # one turn: no cut
     response = post(proxy, "/v1/messages", body)
@@ -76,7 +76,7 @@ def test_strict_refuses_an_over_limit_request_nothing_could_shrink(
 
 def test_strict_forwards_what_is_within_the_limit(start_proxy: ProxyFactory,
                                                   upstream: Upstream) -> None:
-    proxy = start_proxy(strict=True, trigger=3000, counter="chars")
+    proxy = start_proxy(strict=True, budget=Budget(3000), counter="chars")
     body = {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
     assert post(proxy, "/v1/messages", body).status_code == 200
     assert len(upstream.requests) == 1
@@ -102,7 +102,7 @@ def test_options_star_is_answered_with_a_proxy_variable_set(
 
 def test_a_trigger_the_fixed_prompt_fills_is_warned_about_once(
         start_proxy: ProxyFactory, caplog: pytest.LogCaptureFixture) -> None:
-    proxy = start_proxy(trigger=3000, counter="chars")
+    proxy = start_proxy(budget=Budget(3000), counter="chars")
     caplog.set_level(logging.INFO, logger="agentcompact")
     system = [{"type": "text", "text": "rule " * 2000}]  # ~2,500 tokens of chars/4
     tools = [{"name": "t", "description": "d " * 400, "input_schema": {"type": "object"}}]
@@ -118,7 +118,7 @@ def test_a_trigger_the_fixed_prompt_fills_is_warned_about_once(
 
 def test_a_trigger_with_room_is_not_warned_about(start_proxy: ProxyFactory,
                                                  caplog: pytest.LogCaptureFixture) -> None:
-    proxy = start_proxy(trigger=100_000, counter="chars")
+    proxy = start_proxy(budget=Budget(100_000), counter="chars")
     caplog.set_level(logging.INFO, logger="agentcompact")
     body = {"model": MODEL, "max_tokens": 64, "system": "be brief",
             "messages": [{"role": "user", "content": "hi"}]}

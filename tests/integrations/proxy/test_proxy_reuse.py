@@ -12,6 +12,7 @@ import httpx
 import orjson
 import pytest
 
+from agentcompact import Budget
 from agentcompact.integrations.proxy import ThreadedServer
 from agentcompact.integrations.proxy._bodies import BodyCache
 
@@ -54,8 +55,8 @@ def send(proxy: ThreadedServer, path: str, raw: bytes) -> httpx.Response:
 def test_upstream_gets_what_a_fresh_parse_sends(start_proxy: ProxyFactory, upstream: Upstream,
                                                 dialect: str, style: str) -> None:
     path, key, history, per_turn = DIALECTS[dialect]
-    reusing = start_proxy(trigger=3000, target=1500, counter="chars")
-    fresh = start_proxy(trigger=3000, target=1500, counter="chars")
+    reusing = start_proxy(budget=Budget(3000, 1500), counter="chars")
+    fresh = start_proxy(budget=Budget(3000, 1500), counter="chars")
     fresh.proxy.bodies = BodyCache(max_entries=0)  # type: ignore[attr-defined]  # parse afresh
     serialize = orjson.dumps if style == "orjson" else (lambda v: json.dumps(v).encode())
     modified = 0

@@ -11,6 +11,7 @@ import pytest
 from agentcompact.errors import AgentCompactError, ConfigError
 from agentcompact.integrations.proxy import ProxyConfig
 from agentcompact.integrations.proxy._cli import _add_arguments, run
+from agentcompact.integrations.proxy._config import engine_settings
 
 
 @pytest.mark.parametrize(("field", "value", "names"), [
@@ -21,14 +22,26 @@ from agentcompact.integrations.proxy._cli import _add_arguments, run
     ("read_timeout", -1.0, "--read-timeout"),
     ("read_timeout", float("nan"), "--read-timeout"),
     ("read_timeout", float("inf"), "--read-timeout"),
-    ("trigger", 0, "--trigger"),
-    ("trigger", 1.5, "--trigger (AGENTCOMPACT_TRIGGER) must be an integer"),
 ])
 def test_a_number_no_request_could_work_with_is_refused(field: str, value: object,
                                                         names: str) -> None:
     with pytest.raises(ConfigError) as info:
         ProxyConfig(**{field: value})  # type: ignore[arg-type]
     assert names in str(info.value)
+
+
+@pytest.mark.parametrize(("flag", "value", "names"), [
+    ("trigger", 0, "--trigger (AGENTCOMPACT_TRIGGER) must be an integer >= 1"),
+    ("trigger", 1.5, "--trigger (AGENTCOMPACT_TRIGGER) must be an integer"),
+    ("target", 0, "--target (AGENTCOMPACT_TARGET) must be in (0, --trigger=100000]"),
+])
+def test_a_budget_flag_no_request_could_work_with_is_refused(flag: str, value: object,
+                                                             names: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        engine_settings({}, **{flag: value})  # type: ignore[arg-type]
+    assert names in str(info.value)
+    with pytest.raises(ConfigError, match="--trigger"):
+        ProxyConfig.from_env({"AGENTCOMPACT_TRIGGER": "0"})
 
 
 def test_the_environment_is_checked_the_same_way() -> None:
@@ -48,6 +61,7 @@ def test_a_store_url_is_checked_with_the_config() -> None:
 
 @pytest.mark.parametrize(("argv", "names"), [
     (["--max-sessions", "-1"], "--max-sessions"),
+    (["--trigger", "0"], "--trigger (AGENTCOMPACT_TRIGGER) must be an integer >= 1"),
     (["--store", "redis://127.0.0.1:1/0?tll=60"], "unknown option 'tll'"),
     (["--store", "redis://:hunter2@127.0.0.1:1/0?bogus=1"], "unknown option 'bogus'"),
 ])

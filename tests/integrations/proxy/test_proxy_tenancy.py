@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentcompact import SINGLE_TENANT, tenant_of
+from agentcompact import SINGLE_TENANT, Budget, tenant_of
 from agentcompact.errors import ConfigError
 from agentcompact.integrations.proxy import ProxyConfig
 from agentcompact.integrations.proxy._tenancy import Tenancy, credential_of
@@ -65,7 +65,7 @@ def _post(proxy: object, key: str, session: str = "same-id") -> None:
 
 def test_two_tenants_with_one_session_id_are_two_sessions(
         start_proxy: ProxyFactory, upstream: Upstream, tmp_path: Path) -> None:
-    proxy = start_proxy(trigger=3000, counter="chars", archive=str(tmp_path / "a.sqlite"))
+    proxy = start_proxy(budget=Budget(3000), counter="chars", archive=str(tmp_path / "a.sqlite"))
     for key in ("sk-tenant-a", "sk-tenant-b", "sk-tenant-a"):
         _post(proxy, key)
     sessions = proxy.proxy.stats.snapshot()["sessions"]  # type: ignore[attr-defined]
@@ -77,7 +77,7 @@ def test_two_tenants_with_one_session_id_are_two_sessions(
 
 def test_one_person_on_the_default_store_keeps_one_scope(
         start_proxy: ProxyFactory, upstream: Upstream) -> None:
-    proxy = start_proxy(trigger=3000, counter="chars")  # tenancy auto, no store given
+    proxy = start_proxy(budget=Budget(3000), counter="chars")  # tenancy auto, no store given
     for key in ("sk-oauth-token-1", "sk-oauth-token-2"):  # a token that rotated
         _post(proxy, key)
     sessions = proxy.proxy.stats.snapshot()["sessions"]  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ import sys
 import orjson
 import pytest
 
-from agentcompact import ConfigError, get_dialect
+from agentcompact import Budget, ConfigError, StrategySettings, get_dialect
 from agentcompact.integrations.proxy import ProxyConfig
 from agentcompact.integrations.proxy._cli import KEEP_MEMORY_MIB, add_parser, build_config
 from agentcompact.integrations.proxy._memory import keep_freed
@@ -87,25 +87,49 @@ def test_config_env_and_flag_precedence() -> None:
     env = {"AGENTCOMPACT_TRIGGER": "120000", "AGENTCOMPACT_SHADOW": "yes",
            "AGENTCOMPACT_ANTHROPIC_UPSTREAM": "http://up:1/", "AGENTCOMPACT_TARGET": "",
            "AGENTCOMPACT_STRATEGY_OPTIONS": '{"keep": 2}'}
-    config = ProxyConfig.from_env(env, trigger=90000)
-    assert (config.trigger, config.shadow, config.target) == (90000, True, None)
-    assert config.anthropic_upstream == "http://up:1" and config.strategy_options == {"keep": 2}
+    config = ProxyConfig.from_env(env)
+    assert (config.budget, config.shadow) == (Budget(120_000), True)
+    assert config.anthropic_upstream == "http://up:1"
+    assert config.strategy == StrategySettings("cliff", options={"keep": 2})
+    config = ProxyConfig.from_env(env, budget=Budget(90_000, 40_000))
+    assert config.budget == Budget(90_000, 40_000) and config.shadow
     with pytest.raises(ConfigError):
         ProxyConfig.from_env({"AGENTCOMPACT_STRICT": "maybe"})
-    with pytest.raises(ConfigError):
-        ProxyConfig(trigger=100, target=200)
+    with pytest.raises(ConfigError, match="--target"):
+        ProxyConfig.from_env({"AGENTCOMPACT_TRIGGER": "100", "AGENTCOMPACT_TARGET": "200"})
+
+
+def test_config_takes_the_engines_options_and_names_where_others_go() -> None:
+    config = ProxyConfig(strategy="summary", budget=Budget(50_000), counter="chars")
+    assert config.strategy == StrategySettings("summary") and config.budget.trigger == 50_000
+    settings = StrategySettings("cliff", options={"segments": 3})
+    assert ProxyConfig(strategy=settings).strategy is settings
+    for wrong in ({"trigger": 5000}, {"target": 100}, {"strategy_options": {"a": 1}}):
+        with pytest.raises(ConfigError, match=r"budget=Budget\(trigger_tokens=.*"
+                                              r"strategy=StrategySettings\(name"):
+            ProxyConfig(**wrong)
+        with pytest.raises(ConfigError, match="unknown setting"):
+            ProxyConfig().replace(**wrong)
+        with pytest.raises(ConfigError, match="unknown setting"):
+            ProxyConfig.from_env({}, **wrong)
+    with pytest.raises(ConfigError, match="ProxyConfig.budget must be a Budget"):
+        ProxyConfig(budget=5000)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="strategy name or a StrategySettings"):
+        ProxyConfig(strategy=object())  # type: ignore[arg-type]
 
 
 def test_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTCOMPACT_PORT", "9000")
     monkeypatch.setenv("AGENTCOMPACT_STRICT", "1")
+    monkeypatch.setenv("AGENTCOMPACT_TARGET", "2000")  # with the flag's trigger
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["proxy", "--trigger", "5000", "--shadow",
                               "--strategy-option", "cap=300", "--strategy-option", "x=abc"])
     config = build_config(args)
-    assert (config.port, config.trigger, config.shadow, config.strict) == (9000, 5000, True, True)
-    assert config.strategy_options == {"cap": 300, "x": "abc"}
+    assert (config.port, config.budget, config.shadow, config.strict) == (
+        9000, Budget(5000, 2000), True, True)
+    assert config.strategy == StrategySettings("cliff", options={"cap": 300, "x": "abc"})
     assert args.func.__name__ == "run"
     assert args.keep_memory == KEEP_MEMORY_MIB
     assert parser.parse_args(["proxy", "--keep-memory", "0"]).keep_memory == 0

@@ -9,6 +9,7 @@ import sys
 import httpx
 from rich.console import Console
 
+from agentcompact import Budget
 from agentcompact.integrations.proxy._watch import render
 
 from .conftest import ProxyFactory
@@ -24,7 +25,7 @@ def _two_sessions(proxy: object) -> None:
 
 
 def test_render_shows_each_session_with_its_figures(start_proxy: ProxyFactory) -> None:
-    proxy = start_proxy(trigger=3000, counter="chars")
+    proxy = start_proxy(budget=Budget(3000), counter="chars")
     _two_sessions(proxy)
     status = httpx.get(f"{proxy.base_url}/agentcompact/status").json()
     console = Console(record=True, width=160)
@@ -37,7 +38,7 @@ def test_render_shows_each_session_with_its_figures(start_proxy: ProxyFactory) -
 
 
 def test_watch_once_prints_the_snapshot_of_a_running_proxy(start_proxy: ProxyFactory) -> None:
-    proxy = start_proxy(trigger=3000, counter="chars")
+    proxy = start_proxy(budget=Budget(3000), counter="chars")
     _two_sessions(proxy)
     done = subprocess.run([sys.executable, "-m", "agentcompact", "watch", "--once",
                            "--url", proxy.base_url],
