@@ -35,6 +35,8 @@ The single tenant's view is the archive itself (no scope, content-digest handles
 from __future__ import annotations
 
 import hashlib
+import itertools
+import operator
 import os
 import re
 import threading
@@ -103,6 +105,9 @@ def handles_keyed(key: bytes | None) -> Iterator[None]:
 def current_handle_key() -> bytes | None:
     """The key ``handle_of`` uses now (``None``: content digests)."""
     return _HANDLE_KEY.get()
+
+
+_HANDLE = operator.attrgetter("handle")
 
 
 def _scoped(scope: str, handle: str) -> str:
@@ -260,11 +265,24 @@ class SharedArchive:
     def put_many(self, items: Iterable[ArchivedItem], scope: str = "") -> None:
         batch: dict[str, ArchivedItem] = {}
         written = self._written
-        for item in items:
-            if type(item) is ArchivedItem and _scoped(scope, item.handle) in written:
-                continue  # checked and stored already (a compaction puts every cycle's)
-            _check_item(item)
-            batch.setdefault(_scoped(scope, item.handle), item)
+        items = list(items)
+        if set(map(type, items)) <= {ArchivedItem}:
+            # a compaction puts every cycle's originals, thousands of them stored already
+            # in a long history: those are skipped at C speed
+            keys = list(map(_HANDLE, items))
+            if scope:
+                keys = [_scoped(scope, handle) for handle in keys]
+            for key, item in itertools.compress(zip(keys, items), map(
+                    set(itertools.filterfalse(written.__contains__, keys)).__contains__,
+                    keys)):
+                _check_item(item)
+                batch.setdefault(key, item)
+        else:
+            for item in items:
+                if type(item) is ArchivedItem and _scoped(scope, item.handle) in written:
+                    continue  # checked and stored already (a compaction puts every cycle's)
+                _check_item(item)
+                batch.setdefault(_scoped(scope, item.handle), item)
         if self._pending:
             self._write_back()
         with self._lock:  # local state only: no lock is held during a backend call

@@ -106,7 +106,8 @@ def validity(history: History, out: list[Any], c: int) -> str | None:
         if new:
             return f"output failed validation: {new[0]}"
     if dialect.thinking_loops():
-        return thinking_loop_error(history.messages, c, out, dialect)
+        return thinking_loop_error(history.messages, c, out, dialect,
+                                   start=history.loop_start(c))
     return None
 
 

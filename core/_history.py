@@ -13,6 +13,7 @@ list; the proxy's interned parse), so a call costs what is new in it.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 from collections.abc import Sequence
@@ -34,12 +35,15 @@ class _ModelFlags:
     to the length asked for. Shared by the histories of one growing list (each reads the
     entries of its own messages only, which never change)."""
 
-    __slots__ = ("flags", "lock", "starts")
+    __slots__ = ("ends", "examined", "flags", "lock", "starts")
 
-    def __init__(self, flags: list[bool] | None = None, starts: list[int] | None = None
-                 ) -> None:
+    def __init__(self, flags: list[bool] | None = None, starts: list[int] | None = None,
+                 ends: list[int] | None = None) -> None:
         self.flags = flags if flags is not None else []
         self.starts = starts if starts is not None else []
+        #: the messages that end a tool loop (``loop_start``) among the first ``examined``
+        self.ends = ends if ends is not None else []
+        self.examined = 0
         self.lock = threading.Lock()  # histories of one list may be read from two threads
 
     def upto(self, messages: Sequence[Any], dialect: Dialect, end: int) -> None:
@@ -54,10 +58,24 @@ class _ModelFlags:
                     starts.append(i)
                 flags.append(model)
 
+    def loop_ends(self, messages: Sequence[Any], dialect: Dialect, end: int) -> None:
+        """Fill :attr:`ends` up to ``end``: the ``user`` messages answering no tool call."""
+        if self.examined >= end:
+            return
+        role, answers = dialect.role, dialect.tool_result_ids
+        with self.lock:
+            for i in range(self.examined, end):
+                if role(messages[i]) == "user" and not answers(messages[i]):
+                    self.ends.append(i)
+            self.examined = max(self.examined, end)
+
     def prefix(self, k: int) -> _ModelFlags:
         """The flags of the first ``k`` messages only (a history that differs from ``k``)."""
         flags = self.flags[:k]
-        return _ModelFlags(flags, [s for s in self.starts if s < len(flags)])
+        starts = self.starts[:bisect.bisect_left(self.starts, len(flags))]
+        out = _ModelFlags(flags, starts, self.ends[:bisect.bisect_left(self.ends, k)])
+        out.examined = min(self.examined, k)
+        return out
 
 
 @dataclass
@@ -96,8 +114,24 @@ class History:
         model.upto(self.messages, self.dialect, end)
         starts = model.starts
         if starts and starts[-1] >= end:
-            return tuple(s for s in starts if s < end)
+            return tuple(starts[:bisect.bisect_left(starts, end)])
         return tuple(starts)
+
+    def loop_start(self, end: int | None = None) -> int | None:
+        """:func:`~agentcompact._turns.loop_start` of ``messages[:end]``, by bisection on
+        the turn starts and the messages ending a tool loop (found once per message: a
+        history replayed at once asks at every threshold crossing)."""
+        end = len(self.messages) if end is None else end
+        model = self._model
+        model.upto(self.messages, self.dialect, end)
+        model.loop_ends(self.messages, self.dialect, end)
+        ends, starts = model.ends, model.starts
+        k = bisect.bisect_left(ends, end)
+        last = ends[k - 1] if k else -1
+        if last >= 0 and model.flags[last]:  # a loop end that is model output: scan
+            return next((j for j in range(last + 1, end) if model.flags[j]), None)
+        j = bisect.bisect_right(starts, last)
+        return starts[j] if j < len(starts) and starts[j] < end else None
 
     def turn_start(self, i: int) -> bool:
         """Whether a turn starts at ``messages[i]``."""

@@ -16,10 +16,12 @@ handle expands to the original), and the compaction event lists them (``unpinned
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._interner import same_objects
 from .dialects._base import Dialect
 
 __all__ = ["HARNESS_TAGS", "PIN_SHARE", "PinLookup", "bound_pins", "pinned_texts", "split_injected",
@@ -115,16 +117,34 @@ class PinLookup:
         self._counter = counter
         self._answers: dict[int, tuple[Any, int, bool]] = {}
         self._texts: dict[int, tuple[Any, tuple[str, ...], int]] = {}
+        #: the last :meth:`within`: its messages up to ``hi``, its ``lo`` and its pins
+        self._run: tuple[list[Any], int, list[int]] = ([], 0, [])
 
     def forget(self) -> None:
         """Forget the hook's answers (the plugin set changed)."""
         self._answers = {}
+        self._run = ([], 0, [])
 
     def within(self, messages: Sequence[Any], lo: int, hi: int) -> tuple[int, ...]:
-        """Indices in ``[lo, hi)`` a plugin pins (synthetic messages never are)."""
-        hook = self._hook
-        if not hook.get_hookimpls():
+        """Indices in ``[lo, hi)`` a plugin pins (synthetic messages never are). The
+        answers of the last call's range are reused where the messages are the same
+        objects (a history replayed at once asks at every threshold crossing)."""
+        if not self._hook.get_hookimpls():
             return ()
+        seen, start, found = self._run
+        k = min(same_objects(seen, messages), hi)
+        if start <= lo <= k:
+            known = found[:bisect.bisect_left(found, k)]
+            out = known + self._ask(messages, k, hi)
+            self._run = (list(messages[:hi]), start, out)
+            return tuple(out[bisect.bisect_left(out, lo):])
+        out = self._ask(messages, lo, hi)
+        self._run = (list(messages[:hi]), lo, out)
+        return tuple(out)
+
+    def _ask(self, messages: Sequence[Any], lo: int, hi: int) -> list[int]:
+        """Indices in ``[lo, hi)`` the hook pins, its answers remembered by message."""
+        hook = self._hook
         memo = self._answers
         if len(memo) > _PIN_MEMO_MAX:
             memo.clear()
@@ -141,7 +161,7 @@ class PinLookup:
                 memo[id(message)] = (message, i, pinned)
             if pinned:
                 out.append(i)
-        return tuple(out)
+        return out
 
     def text(self, message: Any) -> tuple[tuple[str, ...], int]:
         """The pinned text of ``message`` (:func:`pinned_texts`) and its tokens."""

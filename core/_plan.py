@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ._history import History
 from ._pins import PIN_SHARE, PinLookup, bound_pins
 from ._store import PrefixEntry
-from ._turns import loop_start, starts_with_thinking
+from ._turns import starts_with_thinking
 from .errors import PluginError
 from .strategies._base import TRUNCATABLE_TOKENS
 
@@ -156,9 +156,10 @@ def plan(history: History, entry: PrefixEntry | None, budget: Budget, pins: PinL
     while head_len > 0 and dialect.is_synthetic(msgs[head_len - 1]):
         head_len -= 1
     prev_cut = entry.cut if entry else turn_starts[0]
-    cuts = [s for s in turn_starts if s > prev_cut] + [c]  # cuts[-1-r] keeps r turns
+    cuts = [*turn_starts[bisect.bisect_right(turn_starts, prev_cut):], c]  # cuts[-1-r]
+    #                                                                    keeps r turns
     if dialect.thinking_loops():
-        cuts = _thinking_safe(cuts, msgs, c, dialect)
+        cuts = _thinking_safe(cuts, history, c)
     kept_turns = {s: len(turn_starts) - bisect.bisect_left(turn_starts, s) for s in cuts}
     options = [s for s in cuts if kept_turns[s] >= budget.min_recent_turns]
     if not options:
@@ -234,10 +235,11 @@ def plan(history: History, entry: PrefixEntry | None, budget: Budget, pins: PinL
     )
 
 
-def _thinking_safe(cuts: list[int], msgs: Sequence[Any], c: int, dialect: Dialect) -> list[int]:
+def _thinking_safe(cuts: list[int], history: History, c: int) -> list[int]:
     """The cuts that keep the thinking-loop rule: when the tool loop running at ``c``
     starts with thinking, a cut inside it must land on a message starting with thinking."""
-    start = loop_start(msgs, dialect, c)
+    msgs, dialect = history.messages, history.dialect
+    start = history.loop_start(c)
     if start is None or not starts_with_thinking(msgs[start], dialect):
         return cuts
     # not even at ``c`` itself: the loop's next steps would follow the compaction message

@@ -181,13 +181,15 @@ def starts_with_thinking(message: Any, dialect: Dialect) -> bool:
 
 
 def thinking_loop_error(original: Sequence[Any], end: int, output: Sequence[Any],
-                        dialect: Dialect) -> str | None:
+                        dialect: Dialect, start: int | None | bool = False) -> str | None:
     """The thinking-loop rule (Anthropic extended thinking): when the tool loop running at
     ``original[end]`` starts with a thinking block, the loop that ``output`` ends in must
     start with one too (a cut inside the loop that lost the thinking block leaves an
     assistant message starting with ``tool_use``, which the provider refuses). Returns
-    the problem (indices only), or ``None``."""
-    start = loop_start(original, dialect, end)
+    the problem (indices only), or ``None``. ``start``: ``loop_start(original, dialect,
+    end)`` when the caller knows it (``History.loop_start``)."""
+    if start is False:
+        start = loop_start(original, dialect, end)
     if start is None or not starts_with_thinking(original[start], dialect):
         return None
     out_start = loop_start(output, dialect)

@@ -43,7 +43,7 @@ import bisect
 import functools
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -74,6 +74,7 @@ from ..dialects._base import (
 )
 from ..errors import PluginError
 from ._base import TRUNCATABLE_TOKENS, CompactionRequest, Rendered
+from ._cliff_carry import Carry, Columns, Groups
 
 __all__ = ["DEFAULT_LEVELS", "CliffLevel", "CliffStrategy", "Seg", "render_segments"]
 
@@ -173,6 +174,9 @@ class CliffStrategy:
                              compare=False, repr=False)
     #: the handle key the caches above were filled under (:meth:`_handles_of_now`)
     _keyed: bytes | None = field(default=None, init=False, compare=False, repr=False)
+    #: the last compaction's items of earlier cycles and their values (:class:`Carry`):
+    #: the next compaction of the history starts from them
+    _carry: Carry | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.archive = open_archive(self.archive)
@@ -203,54 +207,114 @@ class CliffStrategy:
         key = current_handle_key()
         if key != self._keyed:
             self._texts, self._blocks, self._scan = _TextCache(), _BlockCache(self.levels), None
-            self._keyed = key
+            self._keyed, self._carry = key, None
 
     def _compact(self, request: CompactionRequest) -> Rendered:
         self._handles_of_now()
         self._texts.hold(len(request.messages))
-        items = _collect(request, self.carry_forward_human, self.carry_forward_calls,
-                         self._texts)
         if self._blocks.levels != self.levels:  # entries are by level index
-            self._blocks = _BlockCache(self.levels)
+            self._blocks, self._carry = _BlockCache(self.levels), None
+        facts = self._facts(request)
+        carry = self._carry
+        if carry is None or facts is None or not carry.fits(
+                request.messages, request.dialect, request.head_len, request.span_start,
+                facts):
+            carry = Carry(request.head_len, request.dialect)
+        m = len(carry.items)
+        items = list(carry.items)
+        _collect(request, self.carry_forward_human, self.carry_forward_calls, self._texts,
+                 range(carry.upto, request.span_start), items)
+        carried = len(items)  # the items of earlier cycles
+        _collect(request, self.carry_forward_human, self.carry_forward_calls, self._texts,
+                 request.span(), items)
         history = request.history  # the engine's counts, when given
-        measured = ([history.tokens[it.index] for it in items] if history is not None else
-                    request.meter.measure([request.messages[it.index] for it in items]).tokens)
+        new = items[m:]
+        measured = carry.measured + (
+            [history.tokens[it.index] for it in new] if history is not None else
+            request.meter.measure([request.messages[it.index] for it in new]).tokens)
         self._texts.hold(len(request.messages), sum(measured))
         self._blocks.hold(len(items), sum(measured))
         scan = self._scan = _Scan.of(request.dialect, request.messages, self._texts,
                                      self._scan)
-        context = _Context.of(request, items, self._texts, self._blocks, scan)
-        rates = _token_rates(items, measured)
+        call_items = _add_calls(dict(carry.call_items), items, m, carried)
+        carried_calls = dict(call_items)
+        context = _Context.of(request, items, self._texts, self._blocks, scan,
+                              _add_calls(call_items, items, carried, len(items)))
+        touched = carry.touched(request.messages, self._parts_of(request),
+                                context.superseded) if m else []
+        cols = Columns(carry.columns, m, len(items), touched)
+        context.slots[:] = cols.get("slots", lambda p: context._entry(items[p]))
+        rates = carry.rates + _token_rates(new, measured[m:])
+        groups = carry.groups.extended(items, measured, m, _HUMAN_ROLES)
         counter = request.meter.counter
         header_tokens = counter.count_texts([COMPACTION_HEADER])[0] + MESSAGE_OVERHEAD
         budget = request.budget_tokens - header_tokens
         top = len(self.levels) - 1
         level = min(request.level, top)
-        packed = self._packing(request, context, items, rates, level, budget) \
+        packed = self._packing(request, context, items, rates, level, budget, cols,
+                               groups) \
             if self.newest_share is not None and self.grade_by_age else None
         if packed is None:
             level, blocks, sizes, tiers = self._escalate(request, context, items, rates,
                                                           level, budget)
             skims = [_size(context, b, rate, "skim") for b, rate in zip(blocks, rates)]
 
-            def choose(room: int) -> tuple[list[_Block], list[int], list[int]]:
-                return blocks, _fit(items, sizes, skims, room), tiers
+            def choose(room: int) -> _Choice:
+                return blocks, _fit(items, sizes, skims, room), tiers, None
         else:
             level, sizes, choose = packed
-        floor = sum(s + 8 for s, it in zip(sizes, items) if it.pinned)  # never dropped
+        floor = sum(sizes[p] + 8 for p in groups.pinned)  # never dropped
         budget = max(budget, floor)
         # Sizes are estimated from each original's tokens per character; the exact count
         # of the assembled message corrects the estimate (a few refits at most).
         limit = max(request.budget_tokens, floor + header_tokens)  # the engine allows pins
-        blocks, forms, tiers, text, tokens = self._refit(request, context, choose, budget,
-                                                         limit, packed is not None)
-        self._archive(request, blocks, forms)
+        blocks, forms, tiers, placed, text, tokens = self._refit(
+            request, context, choose, budget, limit, packed is not None)
+        originals = None
+        if placed is not None and self.archive is not None:  # packed: few items shown
+            lean = cols.get(("block", top), lambda p: self._block(request, context, items[p],
+                                                                  top))
+            originals = _originals(blocks, forms, placed[0],
+                                   cols.get("skimmed", lambda p: lean[p].skimmed))
+        self._archive(request, blocks, forms, originals)
         message = request.dialect.text_message(text)
-        return Rendered(message, tokens, level, _report(items, measured, blocks, forms))
+        reported: list[int] | None = None
+        if placed is None:
+            report = _report(items, measured, blocks, forms)
+        else:
+            report, reported = _report_placed(items, measured, blocks, forms, placed[0],
+                                              groups, carry)
+        if facts is not None:
+            self._carry = carry.then(request.messages, request.span_start,
+                                     facts(request.span_start), items,
+                                     carried, measured, rates, cols, groups, carried_calls,
+                                     context.superseded, report, reported)
+        return Rendered(message, tokens, level, report)
+
+    def _facts(self, request: CompactionRequest) -> Callable[[int], Any] | None:
+        """What the items of ``messages[head_len:upto]`` depend on besides the messages,
+        as a function of ``upto``; ``None`` when they cannot be carried (no engine
+        history, a render hook, pins only the hook can tell)."""
+        if request.history is None or (request.pins is None and request.pins_possible) \
+                or request.pm.hook.agentcompact_render_message.get_hookimpls():
+            return None
+        lo = request.head_len
+        settings = (self.carry_forward_human, self.carry_forward_calls,
+                    request.pins_possible)
+
+        def facts(upto: int) -> Any:
+            return (settings, *(frozenset(i for i in found if lo <= i < upto) for found in
+                                (request.kept, request.pins or (), request.unpinned)))
+        return facts
+
+    def _parts_of(self, request: CompactionRequest) -> Callable[[Any], Sequence[Part]]:
+        facts, dialect = self._texts.facts, request.dialect
+        return lambda message: facts(dialect, message)[2]
 
     @staticmethod
     def _refit(request: CompactionRequest, context: _Context, choose: Any, budget: int,
-               limit: int, fill: bool) -> tuple[list[_Block], list[int], list[int], str, int]:
+               limit: int, fill: bool
+               ) -> tuple[list[_Block], list[int], list[int], _Placed | None, str, int]:
         """The rendering ``choose(room)`` gives whose exact count is within ``limit``:
         sizes are estimated from each original's tokens per character, the exact count of
         the assembled message corrects the estimate (a few refits). With ``fill`` (packing,
@@ -258,13 +322,14 @@ class CliffStrategy:
         rendering well under the limit is refitted with more room too, and the fullest
         within the limit is kept."""
         room, low, high = budget, 0, None
-        best: tuple[list[_Block], list[int], list[int], str, int] | None = None
+        best: tuple[list[_Block], list[int], list[int], _Placed | None, str, int] | None \
+            = None
         for _ in range(8):
-            blocks, forms, tiers = choose(room)
-            text, tokens = _counted(request, context, blocks, forms, tiers)
+            blocks, forms, tiers, placed = choose(room)
+            text, tokens = _counted(request, context, blocks, forms, tiers, placed)
             if tokens <= limit:
-                if best is None or tokens > best[4]:
-                    best = (blocks, forms, tiers, text, tokens)
+                if best is None or tokens > best[5]:
+                    best = (blocks, forms, tiers, placed, text, tokens)
                 if not fill or tokens >= limit * 0.97:
                     break
                 low = room
@@ -280,7 +345,7 @@ class CliffStrategy:
                 room = shrunk if not fill or shrunk > low else (low + room) // 2
                 if fill and room <= low:
                     break
-        return best if best is not None else (blocks, forms, tiers, text, tokens)
+        return best if best is not None else (blocks, forms, tiers, placed, text, tokens)
 
     def _escalate(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
                   rates: Sequence[float], level: int, budget: int
@@ -311,11 +376,12 @@ class CliffStrategy:
             level += 1
 
     def _packing(self, request: CompactionRequest, context: _Context, items: Sequence[_Item],
-                 rates: Sequence[float], level: int, budget: int
-                 ) -> tuple[int, list[int], Any] | None:
+                 rates: Sequence[float], level: int, budget: int, cols: Columns,
+                 groups: Groups) -> tuple[int, list[int], Any] | None:
         """Newest first (``newest_share``): ``None`` when the rendering at ``level`` fits;
         else the level of the rich renderings, their sizes and ``choose(room)`` giving
-        (blocks, forms, tiers) packed by :func:`_pack`."""
+        (blocks, forms, tiers, placed) packed by :func:`_pack` (``cols``: the items'
+        renderings and sizes, carried from the last compaction for the items it had)."""
         if self._may_fit(request, context, items, rates, level, budget):
             blocks = [self._block(request, context, item, level) for item in items]
             sizes = [_size(context, b, rate) for b, rate in zip(blocks, rates)]
@@ -323,16 +389,30 @@ class CliffStrategy:
                 return None
         top = len(self.levels) - 1
         level = max(level, min(self.grade_from, top))
-        rich = [self._block(request, context, item, level) for item in items]
-        lean = [self._block(request, context, item, top) for item in items]
-        rich_sizes = [_shown_size(context, b, rate) for b, rate in zip(rich, rates)]
-        lean_sizes = [_shown_size(context, b, rate) for b, rate in zip(lean, rates)]
-        skims = [_size(context, b, rate, "skim") for b, rate in zip(rich, rates)]
+        rich = cols.get(("block", level),
+                        lambda p: self._block(request, context, items[p], level))
+        lean = cols.get(("block", top), lambda p: self._block(request, context, items[p], top))
+        rich_sizes = cols.get(("shown", level),
+                              lambda p: _shown_size(context, rich[p], rates[p]))
+        lean_sizes = cols.get(("shown", top), lambda p: _shown_size(context, lean[p], rates[p]))
+        skims = cols.get(("skim", level), lambda p: _size(context, rich[p], rates[p], "skim"))
+        # the least room each item takes shown at all (packing stops where none fits)
+        least = list(itertools.accumulate(cols.get(("least", level), lambda p: min(
+            rich_sizes[p], lean_sizes[p], skims[p]) if rich_sizes[p] or lean_sizes[p]
+            else _NEVER), min))
+        shown = cols.get("lean shown", lambda p: 1 if lean[p].full else 0)
+        total = sum(shown)
         shares = (self.newest_share or 0.0, self.human_share)
 
-        def choose(room: int) -> tuple[list[_Block], list[int], list[int]]:
-            forms, tiers = _pack(items, rich_sizes, lean_sizes, skims, room, shares)
-            return [b if t == 0 else a for b, a, t in zip(rich, lean, tiers)], forms, tiers
+        def choose(room: int) -> _Choice:
+            forms, tiers, placed = _pack(items, rich_sizes, lean_sizes, skims, room, shares,
+                                         groups, least)
+            blocks = list(lean)
+            for p in placed:
+                if tiers[p] == 0:
+                    blocks[p] = rich[p]
+            # the items not placed are shown lean: omitted where that shows something
+            return blocks, forms, tiers, (placed, total - sum(shown[p] for p in placed))
         return level, rich_sizes, choose
 
     def _cannot_fit(self, context: _Context, items: Sequence[_Item], rates: Sequence[float],
@@ -421,13 +501,19 @@ class CliffStrategy:
         return self.levels[self._level_of(item, level)]
 
     def _archive(self, request: CompactionRequest, blocks: Sequence[_Block],
-                 forms: Sequence[int]) -> None:
+                 forms: Sequence[int], originals: list[ArchivedItem] | None = None) -> None:
+        """Put the originals of what the message leaves out (``originals``, when the
+        caller has them: :func:`_originals`) and of the kept messages the engine may
+        truncate into the archive."""
         archive: Archive | None = self.archive
         if archive is None:
             return
         out: list[ArchivedItem] = []
-        for block, form in zip(blocks, forms):
-            out += block.archived if form == _FULL else block.skimmed
+        if originals is not None:
+            out = originals
+        else:
+            for block, form in zip(blocks, forms):
+                out += block.archived if form == _FULL else block.skimmed
         out += _tail_items(request)
         stored = self._stored
         if type(archive) is not MemoryArchive:
@@ -471,7 +557,8 @@ class _Item:  # not frozen: a frozen dataclass's __init__ costs several times mo
 
 
 def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
-             cache: _TextCache | None = None) -> list[_Item]:
+             cache: _TextCache | None = None, indices: Iterable[int] | None = None,
+             items: list[_Item] | None = None) -> list[_Item]:
     """The messages to render: the span, and from earlier cycles the pinned messages and
     (with ``carry``) the human ones (with ``carry_calls`` all the others too). A user
     message carrying tool results beside text is two items, its results (a tool item)
@@ -484,9 +571,11 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
     pinned_at = request.pinned if found is None else found.__contains__
     unpinned = request.unpinned
     hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
-    items: list[_Item] = []
+    items = [] if items is None else items  # (``indices``: of these messages, added to it)
     facts = (cache or _TextCache()).facts
-    for i in itertools.chain(request.earlier(), request.span()):
+    if indices is None:
+        indices = itertools.chain(request.earlier(), request.span())
+    for i in indices:
         message = messages[i]
         role, synthetic, parts, _ = facts(dialect, message)
         if synthetic or i in kept:  # ``request.keeps(i)``
@@ -556,6 +645,19 @@ def _hook_render(request: CompactionRequest, message: Any) -> tuple[str, ...] | 
     return tuple(result)
 
 
+def _add_calls(calls: dict[str, int], items: Sequence[_Item], start: int, end: int
+               ) -> dict[str, int]:
+    """``calls`` with the call refs of ``items[start:end]`` rendered in the compaction
+    message (not by a hook, not pinned) mapped to their item's position."""
+    for k in range(start, end):
+        item = items[k]
+        if item.override is None and not item.pinned:
+            for p in item.parts:
+                if p.kind == "tool_call":
+                    calls[p.ref] = k
+    return calls
+
+
 # --- what a skim line says ---------------------------------------------------------------
 @dataclass(frozen=True)
 class _Context:
@@ -577,20 +679,23 @@ class _Context:
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item],
            texts: _TextCache | None = None, blocks: _BlockCache | None = None,
-           scan: _Scan | None = None) -> _Context:
-        """The context of ``request`` (``scan``: :meth:`_Scan.of` its messages)."""
+           scan: _Scan | None = None, call_items: dict[str, int] | None = None
+           ) -> _Context:
+        """The context of ``request`` (``scan``: :meth:`_Scan.of` its messages); given
+        ``call_items`` (:func:`_add_calls` of ``items``), its ``slots`` are left to fill."""
         texts = texts or _TextCache()
         if scan is None:
             scan = _Scan.of(request.dialect, request.messages, texts)
         order = scan.order
-        last = {key: ref for key, ref in order}
-        superseded = frozenset(ref for key, ref in order if last[key] != ref)
+        # the (key, ref) pairs of calls a later call with the same key superseded (set
+        # operations: a long history has thousands of calls)
+        superseded = frozenset(map(itemgetter(1), set(order).difference(dict(order).items())))
         calls, results, starts = scan.calls, scan.results, scan.starts
-        rendered = {p.ref: k for k, it in enumerate(items) if it.override is None
-                    and not it.pinned for p in it.parts if p.kind == "tool_call"}
+        rendered = _add_calls({}, items, 0, len(items)) if call_items is None else call_items
         context = cls(starts, calls, results, superseded, rendered, texts,
                       _BlockCache() if blocks is None else blocks)
-        context.slots[:] = map(context._entry, items)
+        if call_items is None:
+            context.slots[:] = map(context._entry, items)
         return context
 
     def entry(self, item: _Item) -> _Entry:
@@ -967,6 +1072,11 @@ def _shown_size(context: _Context, block: _Block, rate: float) -> int:
 
 
 _SEG_TEXT = itemgetter(1)  # a segment's text (joined at C speed)
+_NEVER = 1 << 62  # the room an item with nothing to show takes (never packed)
+#: what packing places: the positions of the items shown, and how many others have a
+#: rendering (those are omitted)
+_Placed = tuple[list[int], int]
+_Choice = tuple[list["_Block"], list[int], list[int], _Placed | None]
 
 
 @dataclass
@@ -1124,31 +1234,36 @@ def _estimate(chars: int, rate: float) -> int:
 
 
 def _pack(items: Sequence[_Item], rich: Sequence[int], lean: Sequence[int],
-          skims: Sequence[int], budget: int, shares: tuple[float, float]
-          ) -> tuple[list[int], list[int]]:
+          skims: Sequence[int], budget: int, shares: tuple[float, float], groups: Groups,
+          least: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
     """Forms and tiers (0: the rich rendering, 1: the lean one), newest first: pinned
     items whole; then pins past the pin budget and human items, newest first, within
     ``shares[1]`` of ``budget``; then
     every other item, newest first: rich while the extra the rich renderings cost stays
     within ``shares[0]`` of the budget, else lean, else its skim line (bulky items and pins
     past the pin budget), else left out. The oldest are left out first because the newest
-    take the room first."""
+    take the room first.
+
+    ``groups`` gives the positions of the pinned items, of the pins past the pin budget
+    and of the human items; ``least[i]``, the least room any of ``items[:i + 1]`` takes
+    shown: the last pass ends where not even that fits. Also returns the positions of the
+    items shown (pinned or placed), in order."""
     n = len(items)
     forms, tiers = [_OMIT] * n, [1] * n
     used = extra = 0
     rich_room, human_room = int(shares[0] * budget), int(shares[1] * budget)
-    for i, item in enumerate(items):
-        if item.pinned:
-            forms[i], tiers[i] = _FULL, 0
-            used += rich[i] + 1
-    newest = range(n - 1, -1, -1)
-    for kind in ("unpinned", "human", "any"):
+    for i in groups.pinned:
+        forms[i], tiers[i] = _FULL, 0
+        used += rich[i] + 1
+    placed = list(groups.pinned)
+    for kind, among in (("unpinned", groups.unpinned), ("human", groups.humans),
+                        ("any", None)):
         room = min(budget, used + human_room) if kind != "any" else budget
-        for i in newest:
+        for i in reversed(among) if among is not None else range(n - 1, -1, -1):
+            if among is None and used + least[i] >= room:
+                break  # nothing older fits (``used`` only grows)
             item = items[i]
-            if item.pinned or forms[i] != _OMIT or (kind == "human" and item.role not in
-                                                    _HUMAN_ROLES) or (
-                    kind == "unpinned" and not item.unpinned):
+            if item.pinned or forms[i] != _OMIT:
                 continue
             if not rich[i] and not lean[i]:
                 continue  # nothing to show
@@ -1162,7 +1277,11 @@ def _pack(items: Sequence[_Item], rich: Sequence[int], lean: Sequence[int],
             elif (skims[i] <= lean[i] // 2 or item.unpinned) and used + skims[i] < room:
                 forms[i] = _SKIM
                 used += skims[i] + 1
-    return forms, tiers
+            else:
+                continue
+            placed.append(i)
+    placed.sort()
+    return forms, tiers, placed
 
 
 def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], budget: int
@@ -1196,13 +1315,21 @@ def _fit(items: Sequence[_Item], sizes: Sequence[int], skims: Sequence[int], bud
 
 
 def _shown(context: _Context, blocks: Sequence[_Block], forms: Sequence[int],
-           tiers: Sequence[int] | None = None) -> tuple[int, list[tuple[_Block, str]]]:
+           tiers: Sequence[int] | None = None, placed: _Placed | None = None
+           ) -> tuple[int, list[tuple[_Block, str]]]:
     """How many items with a rendering are omitted, and the rendering shown of each
-    other one, in order: (block, ``full``, ``alone`` or ``skim``)."""
-    omitted = sum(1 for b, f in zip(blocks, forms) if b.full and f == _OMIT)
+    other one, in order: (block, ``full``, ``alone`` or ``skim``). ``placed``: the
+    positions of the items not omitted and how many of the others have a rendering
+    (packing knows both)."""
+    if placed is None:
+        omitted = sum(1 for b, f in zip(blocks, forms) if b.full and f == _OMIT)
+        shown: Iterable[int] = range(len(blocks))
+    else:
+        shown, omitted = placed
     tiers = tiers or [0] * len(blocks)
     out: list[tuple[_Block, str]] = []
-    for i, (block, form) in enumerate(zip(blocks, forms)):
+    for i in shown:
+        block, form = blocks[i], forms[i]
         variant = "full" if form == _FULL else "skim" if form == _SKIM else ""
         if variant == "full" and block.alone is not None and any(
                 forms[k] != _FULL or tiers[k] != tiers[i]
@@ -1236,13 +1363,14 @@ _SPLIT_COUNTERS = frozenset({"tiktoken:o200k_base", "tiktoken:cl100k_base"})
 
 
 def _counted(request: CompactionRequest, context: _Context, blocks: Sequence[_Block],
-             forms: Sequence[int], tiers: Sequence[int]) -> tuple[str, int]:
+             forms: Sequence[int], tiers: Sequence[int], placed: _Placed | None = None
+             ) -> tuple[str, int]:
     """The compaction message's text and its tokens (``count_text_message``). Every
     rendering starts with its ``[role]`` label after a blank line, so with a counter of
     :data:`_SPLIT_COUNTERS` the count is summed from counts of the renderings, kept on
     their blocks across refits and calls: the same number, without encoding the whole
     message at every refit."""
-    omitted, shown = _shown(context, blocks, forms, tiers)
+    omitted, shown = _shown(context, blocks, forms, tiers, placed)
     texts = [_heading(omitted)]
     for block, variant in shown:
         texts.append(block.text(variant))
@@ -1287,6 +1415,47 @@ def _report(items: Sequence[_Item], tokens: Sequence[int], blocks: Sequence[_Blo
         elif rank[action] > rank[found.action]:
             found.action = action
     return list(report.values())
+
+
+def _originals(blocks: Sequence[_Block], forms: Sequence[int], placed: Sequence[int],
+               skimmed: Sequence[list[ArchivedItem]]) -> list[ArchivedItem]:
+    """The originals :meth:`CliffStrategy._archive` puts, where only the items at
+    ``placed`` are shown: those of every part of the others (``skimmed``, by item),
+    joined at C speed."""
+    every = list(itertools.chain.from_iterable(skimmed))
+    starts = list(itertools.accumulate(map(len, skimmed), initial=0))
+    out: list[ArchivedItem] = []
+    done = 0
+    for p in placed:
+        out += every[starts[done]:starts[p]]
+        out += blocks[p].archived if forms[p] == _FULL else blocks[p].skimmed
+        done = p + 1
+    out += every[starts[done]:]
+    return out
+
+
+def _report_placed(items: Sequence[_Item], tokens: Sequence[int], blocks: Sequence[_Block],
+                   forms: Sequence[int], placed: Sequence[int], groups: Groups,
+                   carry: Carry) -> tuple[list[DroppedItem], list[int]]:
+    """:func:`_report` where only the items at ``placed`` are shown: the messages of the
+    others are dropped. The entries of messages the last compaction (``carry``) reported
+    dropped too are its own (a report is a record: never changed once made, so a long
+    history's reports need not be made anew, entry by entry, at every crossing). Also
+    returns where the report has entries other than ``dropped``."""
+    k = len(carry.report)
+    report = carry.report + list(map(
+        DroppedItem, groups.indices[k:], groups.roles[k:], itertools.repeat("dropped"),
+        groups.tokens[k:], groups.kinds[k:]))
+    for k in carry.reported:  # shown then
+        report[k] = DroppedItem(groups.indices[k], groups.roles[k], "dropped",
+                                groups.tokens[k], groups.kinds[k])
+    firsts, n = groups.firsts, len(items)
+    shown = sorted({bisect.bisect_right(firsts, p) - 1 for p in placed})
+    for k in shown:
+        end = firsts[k + 1] if k + 1 < len(firsts) else n
+        report[k] = _report(items[firsts[k]:end], tokens[firsts[k]:end],
+                            blocks[firsts[k]:end], forms[firsts[k]:end])[0]
+    return report, [k for k in shown if report[k].action != "dropped"]
 
 
 def render_segments(request: CompactionRequest, level: int = 0,
