@@ -195,3 +195,27 @@ def test_the_demo_loop_runs_end_to_end_with_every_arm(tmp_path: Any) -> None:
     assert '"arm": "cliff"' in report.to_json()
     pytest.importorskip("matplotlib")
     assert plot(report, tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size
+
+
+def test_an_iterations_tasks_cover_the_keys_evenly() -> None:
+    """A policy that always guesses one key scores chance on every iteration."""
+    from collections import Counter
+
+    from agentcompact.rl._carry_key import CarryKey
+
+    task = CarryKey(keys=4)
+    rng = random.Random(0)
+    draws = [task.balanced_keys(rng, 8) for _ in range(20)]
+    assert all(Counter(keys) == {k: 2 for k in task.key_words} for keys in draws)
+    assert len({tuple(keys) for keys in draws}) > 1  # shuffled
+    odd = task.balanced_keys(rng, 6)
+    assert sorted(Counter(odd).values()) == [1, 1, 2, 2]
+    spec = task.sample(rng, "k3")
+    assert spec.key == "k3" and len(spec.fillers) == task.fillers
+
+
+def test_the_warm_starts_rate_decays_over_its_second_phase_only() -> None:
+    from agentcompact.rl.demo import _sft_rate
+
+    assert [_sft_rate(2, 6, s) for s in range(7)] == [1.0, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    assert {_sft_rate(2, 0, s) for s in range(7)} == {1.0}  # sft_decay=False
