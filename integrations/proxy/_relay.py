@@ -222,7 +222,10 @@ class RelayResponse:
         started, self._started = self._started, None
         if started is not None and inspect.isawaitable(started):
             try:
-                await started
+                # shielded: a client that leaves once it has the answer's events (before
+                # the last bytes) cancels the relay, never the work, which the exchange's
+                # log line and counters (and the session's next request) wait for
+                await asyncio.shield(started)
             except Exception:
                 log.exception("relay: after_first work failed")
 

@@ -363,3 +363,44 @@ def test_relay_sends_the_last_bytes_once_the_work_after_first_is_done() -> None:
 
     asyncio.run(main())
     assert events == ["http.response.start", b"data: 1\n\n", b"data: 2\n\n", "work done", b""]
+
+
+def test_a_client_leaving_before_the_last_bytes_does_not_cancel_the_work_after_first() -> None:
+    """A client with every event of the answer may leave before its last bytes (Codex
+    exits at ``response.completed``): the relay is cancelled, the work ``after_first``
+    started (the engine measuring, then the exchange's log line and counters) is not."""
+    import asyncio
+
+    from agentcompact.integrations.proxy._relay import RelayResponse
+
+    events: list[object] = []
+
+    async def main() -> asyncio.Future[None]:
+        has_all = asyncio.Event()
+
+        async def send(message: dict[str, object]) -> None:
+            events.append(message.get("body", message["type"]))
+            if message.get("body") == b"data: 2\n\n":
+                has_all.set()
+
+        async def receive() -> dict[str, str]:
+            await has_all.wait()
+            return {"type": "http.disconnect"}
+
+        async def work() -> None:
+            await asyncio.sleep(0.05)
+            events.append("work done")
+
+        started: list[asyncio.Future[None]] = []
+        relay = RelayResponse(_Upstream([b"data: 1\n\n", b"data: 2\n\n"]),  # type: ignore[arg-type]
+                              after_first=lambda: started.append(
+                                  asyncio.ensure_future(work())) or started[0],
+                              on_close=lambda ok: events.append(("closed", ok)))
+        await relay({"type": "http"}, receive, send)
+        await asyncio.wait(started, timeout=5)
+        return started[0]
+
+    work_done = asyncio.run(main())
+    assert not work_done.cancelled()
+    assert events == ["http.response.start", b"data: 1\n\n", b"data: 2\n\n", ("closed", False),
+                      "work done"]
