@@ -268,21 +268,16 @@ class SharedArchive:
         items = list(items)
         if set(map(type, items)) <= {ArchivedItem}:
             # a compaction puts every cycle's originals, thousands of them stored already
-            # in a long history: those are skipped at C speed
-            keys = list(map(_HANDLE, items))
-            if scope:
-                keys = [_scoped(scope, handle) for handle in keys]
-            for key, item in itertools.compress(zip(keys, items), map(
-                    set(itertools.filterfalse(written.__contains__, keys)).__contains__,
-                    keys)):
-                _check_item(item)
-                batch.setdefault(key, item)
-        else:
-            for item in items:
-                if type(item) is ArchivedItem and _scoped(scope, item.handle) in written:
-                    continue  # checked and stored already (a compaction puts every cycle's)
-                _check_item(item)
-                batch.setdefault(_scoped(scope, item.handle), item)
+            # in a long history: those are left out at C speed before the loop below
+            keys = [_scoped(scope, handle) for handle in map(_HANDLE, items)] if scope \
+                else list(map(_HANDLE, items))
+            fresh = set(itertools.filterfalse(written.__contains__, keys))
+            items = list(itertools.compress(items, map(fresh.__contains__, keys)))
+        for item in items:
+            if type(item) is ArchivedItem and _scoped(scope, item.handle) in written:
+                continue  # checked and stored already (a compaction puts every cycle's)
+            _check_item(item)
+            batch.setdefault(_scoped(scope, item.handle), item)
         if self._pending:
             self._write_back()
         with self._lock:  # local state only: no lock is held during a backend call
