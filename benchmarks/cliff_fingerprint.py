@@ -5,7 +5,8 @@ every model call of every Claude Code session (60k trigger) and mini-swe-agent r
 trigger) is sent in order through a default ``Engine(strategy="cliff")``, as
 ``benchmarks/core_vs_cliffcompaction.py`` does, and the digest covers each output message
 list (canonical JSON), each compaction event's level, sizes and dropped-item report, and
-every original the strategy put into its archive, in order (handle, text, skim line).
+every original the archive stores, in the order stored (handle, text, skim line; an item
+put again under a stored handle is left as it is, as the ``Archive`` protocol says).
 
 Run:  TIKTOKEN_CACHE_DIR=../shared/data/tiktoken python benchmarks/cliff_fingerprint.py
       (prints one digest per set and one over both; ``--expect HEX`` exits 1 on a mismatch)
@@ -33,7 +34,7 @@ SETS = (("claude-code", lambda: sorted((DATA / "claude-code").glob("*-*-*-*-*.js
 
 
 class _Recording(MemoryArchive):
-    """A memory archive that feeds every item put into it, in order, into a digest."""
+    """A memory archive that feeds every item it stores, in order, into a digest."""
 
     def __init__(self, h: xxhash.xxh3_128) -> None:
         super().__init__()
@@ -41,8 +42,11 @@ class _Recording(MemoryArchive):
 
     def put_many(self, items: Iterable[ArchivedItem]) -> None:
         items = list(items)
+        seen = set(self._scopes.get("", {}))
         for item in items:
-            self._h.update(orjson.dumps([item.handle, item.text, item.skim]))
+            if item.handle not in seen:
+                seen.add(item.handle)
+                self._h.update(orjson.dumps([item.handle, item.text, item.skim]))
         super().put_many(items)
 
 

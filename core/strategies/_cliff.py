@@ -271,11 +271,16 @@ class CliffStrategy:
         blocks, forms, tiers, placed, text, tokens = self._refit(
             request, context, choose, budget, limit, packed is not None)
         originals = None
+        offered = None  # what the archive was offered of the carried items
         if placed is not None and self.archive is not None:  # packed: few items shown
             lean = cols.get(("block", top), lambda p: self._block(request, context, items[p],
                                                                   top))
-            originals = _originals(blocks, forms, placed[0],
-                                   cols.get("skimmed", lambda p: lean[p].skimmed))
+            skimmed = cols.get("skimmed", lambda p: lean[p].skimmed)
+            since, again = 0, touched
+            if carry.offered is not None and carry.offered[0] is self.archive:
+                since, again = m, [*carry.offered[1], *touched]
+            originals = _originals(blocks, forms, placed[0], skimmed, since, again)
+            offered = placed[0]
         self._archive(request, blocks, forms, originals)
         message = request.dialect.text_message(text)
         reported: list[int] | None = None
@@ -285,10 +290,13 @@ class CliffStrategy:
             report, reported = _report_placed(items, measured, blocks, forms, placed[0],
                                               groups, carry)
         if facts is not None:
-            self._carry = carry.then(request.messages, request.span_start,
-                                     facts(request.span_start), items,
-                                     carried, measured, rates, cols, groups, carried_calls,
-                                     context.superseded, report, reported)
+            then = carry.then(request.messages, request.span_start,
+                              facts(request.span_start), items, carried, measured, rates,
+                              cols, groups, carried_calls, context.superseded, report,
+                              reported)
+            if offered is not None:  # every carried item's originals but those shown
+                then.offered = (self.archive, [p for p in offered if p < carried])
+            self._carry = then
         return Rendered(message, tokens, level, report)
 
     def _facts(self, request: CompactionRequest) -> Callable[[int], Any] | None:
@@ -1418,17 +1426,29 @@ def _report(items: Sequence[_Item], tokens: Sequence[int], blocks: Sequence[_Blo
 
 
 def _originals(blocks: Sequence[_Block], forms: Sequence[int], placed: Sequence[int],
-               skimmed: Sequence[list[ArchivedItem]]) -> list[ArchivedItem]:
+               skimmed: Sequence[list[ArchivedItem]], since: int = 0,
+               again: Iterable[int] = ()) -> list[ArchivedItem]:
     """The originals :meth:`CliffStrategy._archive` puts, where only the items at
     ``placed`` are shown: those of every part of the others (``skimmed``, by item),
-    joined at C speed."""
-    every = list(itertools.chain.from_iterable(skimmed))
-    starts = list(itertools.accumulate(map(len, skimmed), initial=0))
+    joined at C speed; of the items before ``since`` (offered to the archive by an
+    earlier compaction, which leaves what it stores as it is) only those at ``placed``
+    and ``again``. In item order, so the archive stores new originals in the order a
+    compaction from scratch puts them."""
+    shown = set(placed)
     out: list[ArchivedItem] = []
+    for p in sorted(shown.union(again).difference(range(since, len(skimmed)))):
+        if p in shown:
+            out += blocks[p].archived if forms[p] == _FULL else blocks[p].skimmed
+        else:
+            out += skimmed[p]
+    rest = skimmed[since:]
+    every = list(itertools.chain.from_iterable(rest))
+    starts = list(itertools.accumulate(map(len, rest), initial=0))
     done = 0
-    for p in placed:
+    for p in sorted(q - since for q in shown if q >= since):
         out += every[starts[done]:starts[p]]
-        out += blocks[p].archived if forms[p] == _FULL else blocks[p].skimmed
+        out += blocks[p + since].archived if forms[p + since] == _FULL \
+            else blocks[p + since].skimmed
         done = p + 1
     out += every[starts[done]:]
     return out

@@ -119,8 +119,8 @@ class Carry:
     its carry whole."""
 
     __slots__ = ("call_items", "columns", "dialect", "facts", "groups", "head_len",
-                 "items", "measured", "messages", "rates", "refs", "report", "reported",
-                 "superseded", "upto")
+                 "items", "measured", "messages", "offered", "rates", "refs", "report",
+                 "reported", "superseded", "upto")
 
     def __init__(self, head_len: int, dialect: Any = None) -> None:
         self.head_len, self.upto, self.dialect = head_len, head_len, dialect
@@ -138,6 +138,9 @@ class Carry:
         #: where it has entries other than ``dropped``
         self.report: list[Any] = []
         self.reported: list[int] = []
+        #: ``(archive, positions)``: that archive was offered the originals of every
+        #: item but those at ``positions`` (shown then), or ``None``
+        self.offered: tuple[Any, list[int]] | None = None
 
     def fits(self, messages: Sequence[Any], dialect: Any, head_len: int, span_start: int,
              facts: Callable[[int], Any]) -> bool:

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentcompact import Budget, Engine, get_dialect, hookimpl, new_plugin_manager
-from agentcompact._archive import MemoryArchive
+from agentcompact._archive import ArchivedItem, MemoryArchive
 from agentcompact._history import HistoryCache
 from agentcompact._pins import PinLookup
 from agentcompact._tokens import CharEstimateCounter, MessageMeter
@@ -49,6 +49,7 @@ class Compared(CliffStrategy):
     def __init__(self, **options: Any) -> None:
         super().__init__(archive=Recording(), **options)
         self.options, self.carried, self.compactions = options, 0, 0
+        self.stored = MemoryArchive()
         self.mismatches: list[str] = []
 
     def compact(self, request: CompactionRequest) -> Rendered:
@@ -60,11 +61,15 @@ class Compared(CliffStrategy):
         got = super().compact(request)
         fresh = CliffStrategy(archive=Recording(), **self.options)
         want = fresh.compact(request)
+        # a carried compaction offers the archive only what earlier ones did not: what it
+        # stores, in order, is what the fresh compactions' batches store
+        self.stored.put_many(ArchivedItem(*i) for i in fresh.archive.batches[-1])
         # noted, not asserted: the engine turns a strategy's exception into a fallback
         for what, a, b in (("message", (got.message, got.tokens, got.level),
                             (want.message, want.tokens, want.level)),
                            ("report", got.items, want.items),
-                           ("archive", self.archive.batches[-1], fresh.archive.batches[-1]),
+                           ("archive", list(self.archive._scopes.get("", {}).values()),
+                            list(self.stored._scopes.get("", {}).values())),
                            ("carry", view(self._carry), view(fresh._carry))):
             if a != b:
                 self.mismatches.append(f"compaction {self.compactions}: {what}")
@@ -227,3 +232,18 @@ def test_pins_found_again_are_those_a_fresh_lookup_finds(seed: int) -> None:
         view = msgs[:hi] if rng.random() < 0.8 else json.loads(json.dumps(msgs[:hi]))
         want = PinLookup(pm, dialect, CharEstimateCounter()).within(view, lo, hi)
         assert lookup.within(view, lo, hi) == want
+
+
+def test_a_replay_offers_each_original_to_the_archive_about_once() -> None:
+    """Each crossing of a replay offers the archive the originals of what is new to it
+    (the new items, those shown or re-rendered, the kept tail), not again those of every
+    earlier cycle: the items offered grow with the history, not with its square (the
+    offers of all earlier cycles at each crossing were 20 times the items stored here)."""
+    archive = Recording()
+    engine = Engine(CliffStrategy(archive=archive), "anthropic",
+                    Budget(trigger_tokens=6_000), counter="chars")
+    engine.compact(history(seed=1, turns=200))
+    stored = len(archive._scopes[""])
+    offered = sum(map(len, archive.batches))
+    assert len(archive.batches) > 10 and offered < 4 * stored, (len(archive.batches),
+                                                                offered, stored)
