@@ -2,9 +2,11 @@
 
 A :class:`History` holds, for each message of one call's history, its digest and token
 count, the chain digest of every prefix (the prefix-store key), the prefix sums of the
-counts, and, derived on first read, whether it is model output (so the turn starts). The
-engine's planner, checker and fold, and the strategies (``CompactionRequest.history``),
-read these instead of deriving them again.
+counts, and, derived on first read, whether it is model output (so the turn starts), its
+role, parts and tool parts (:data:`MessageFacts`) and the index of its tool calls and
+results (:class:`ToolIndex`). The engine's planner, checker and fold, and the strategies
+(``CompactionRequest.history``; :func:`history_of` for a request without one), read
+these instead of deriving them again.
 
 :class:`HistoryCache` is the seam where histories are built: it extends the last call's
 history when the new call's messages start with the same objects (an agent's growing
@@ -16,18 +18,23 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ._interner import same_objects
 from ._store import chain_digests, extend_chain
+from .dialects._base import Dialect, Part, first_text_marked
 
 if TYPE_CHECKING:
     from ._tokens import MessageMeter
-    from .dialects._base import Dialect
 
-__all__ = ["History", "HistoryCache"]
+__all__ = ["History", "HistoryCache", "MessageFacts", "ToolIndex", "history_of"]
+
+MessageFacts = tuple[str, bool, tuple[Part, ...], tuple[Part, ...]]
+"""A message's role, whether it is synthetic (``Dialect.is_synthetic``), its parts, and
+its tool-call and tool-result parts (none when the dialect finds no tool-call or result
+id in it)."""
 
 
 class _ModelFlags:
@@ -78,6 +85,83 @@ class _ModelFlags:
         return out
 
 
+def _facts_of(dialect: Dialect, message: Any) -> MessageFacts:
+    parts = tuple(dialect.parts(message))
+    tools = tuple(p for p in parts if p.kind in ("tool_call", "tool_result"))
+    if tools and not (dialect.tool_call_ids(message) or dialect.tool_result_ids(message)):
+        tools = ()
+    role = dialect.role(message)
+    if type(dialect).is_synthetic is Dialect.is_synthetic:  # from the parts at hand
+        synthetic = role == "user" and first_text_marked(parts)
+    else:
+        synthetic = dialect.is_synthetic(message)
+    return role, synthetic, parts, tools
+
+
+@dataclass(frozen=True)
+class ToolIndex:
+    """The tool calls and results of a history's first ``end`` messages: ``calls`` maps a
+    call's ref to its (tool name, arguments), ``results`` to the part answering it (the
+    last of each ref), ``order`` holds ``(key(name, arguments), ref)`` of every call, in
+    order. Never changed once made (a longer history's index is a new one)."""
+
+    end: int
+    key: Callable[[str, str], Any]
+    calls: dict[str, tuple[str, str]]
+    results: dict[str, Part]
+    order: list[tuple[Any, str]]
+
+
+class _MessageFacts:
+    """The :data:`MessageFacts` of each message, filled on first read up to the length
+    asked for, and the last :class:`ToolIndex` made (the next, of a longer prefix, is made
+    from it). Shared as :class:`_ModelFlags` is."""
+
+    __slots__ = ("facts", "index", "lock")
+
+    def __init__(self, facts: list[MessageFacts] | None = None,
+                 index: ToolIndex | None = None) -> None:
+        self.facts = facts if facts is not None else []
+        self.index = index
+        self.lock = threading.Lock()
+
+    def upto(self, messages: Sequence[Any], dialect: Dialect, end: int) -> None:
+        facts = self.facts
+        if len(facts) >= end:
+            return
+        with self.lock:
+            for i in range(len(facts), end):
+                facts.append(_facts_of(dialect, messages[i]))
+
+    def tool_index(self, end: int, key: Callable[[str, str], Any]) -> ToolIndex:
+        """The index of the first ``end`` messages (their facts filled), made from the
+        last one when it is of a shorter prefix with the same ``key``."""
+        last = self.index
+        if last is not None and last.key is key and last.end <= end:
+            if last.end == end:
+                return last
+            start, calls, results = last.end, dict(last.calls), dict(last.results)
+            order = list(last.order)
+        else:
+            start, calls, results, order = 0, {}, {}, []
+        facts = self.facts
+        for i in range(start, end):
+            for part in facts[i][3]:
+                if part.kind == "tool_call":
+                    calls[part.ref] = (part.name, part.text)
+                    order.append((key(part.name, part.text), part.ref))
+                elif part.kind == "tool_result":
+                    results[part.ref] = part
+        index = self.index = ToolIndex(end, key, calls, results, order)
+        return index
+
+    def prefix(self, k: int) -> _MessageFacts:
+        """The facts of the first ``k`` messages only (a history that differs from ``k``)."""
+        index = self.index
+        return _MessageFacts(self.facts[:k], index if index is not None and index.end <= k
+                             else None)
+
+
 @dataclass
 class History:
     """One call's messages and their facts (see the module docstring).
@@ -98,6 +182,7 @@ class History:
     fixed: int = 0
     pending: dict[int, int] = field(default_factory=dict)
     _model: _ModelFlags = field(default_factory=_ModelFlags, repr=False)
+    _facts: _MessageFacts = field(default_factory=_MessageFacts, repr=False)
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -106,6 +191,21 @@ class History:
         """Whether ``messages[i]`` is model output (``Dialect.is_model_output``)."""
         self._model.upto(self.messages, self.dialect, i + 1)
         return self._model.flags[i]
+
+    def facts(self, end: int | None = None) -> Sequence[MessageFacts]:
+        """The :data:`MessageFacts` of ``messages[:end]``, by index (a list shared with
+        the histories of one growing list: read the first ``end`` entries only)."""
+        end = len(self.messages) if end is None else end
+        self._facts.upto(self.messages, self.dialect, end)
+        return self._facts.facts
+
+    def tool_index(self, end: int, key: Callable[[str, str], Any]) -> ToolIndex:
+        """The :class:`ToolIndex` of ``messages[:end]``, calls keyed by ``key(name,
+        arguments)`` (calls with one key supersede each other)."""
+        facts = self._facts
+        facts.upto(self.messages, self.dialect, end)
+        with facts.lock:
+            return facts.tool_index(end, key)
 
     def turn_starts(self, end: int | None = None) -> tuple[int, ...]:
         """The turn starts of ``messages[:end]`` (``split_turns(...).starts``)."""
@@ -191,7 +291,8 @@ class HistoryCache:
             tokens[i] = count
         resolved = History(msgs, digests, tokens, history.chain,
                            _prefix_sums(history.prefix, tokens, at[0]), history.dialect,
-                           history.meter, history.fixed, _model=history._model)
+                           history.meter, history.fixed, _model=history._model,
+                           _facts=history._facts)
         if self._last is history:
             self._last = resolved
         return resolved
@@ -219,7 +320,8 @@ class HistoryCache:
                               seed=self.seed)
         prefix = _prefix_sums(last.prefix, tokens, _common(tokens, last.tokens, k))
         return History(msgs, digests, tokens, chain, prefix, last.dialect, last.meter,
-                       pending=pending, _model=last._model.prefix(k))
+                       pending=pending, _model=last._model.prefix(k),
+                       _facts=last._facts.prefix(k))
 
     def _grow(self, last: History, msgs: list[Any]) -> History:
         """The history of ``msgs``, the messages of ``last`` followed by new ones:
@@ -236,7 +338,7 @@ class HistoryCache:
             next(sums)  # the initial value: prefix[m], there already
             prefix += sums
         return History(msgs, digests, tokens, chain, prefix, last.dialect, last.meter,
-                       pending=pending, _model=last._model)
+                       pending=pending, _model=last._model, _facts=last._facts)
 
     def _measure_onto(self, msgs: list[Any], k: int, digests: list[str], tokens: list[int],
                       pending: dict[int, int]) -> None:
@@ -247,6 +349,20 @@ class HistoryCache:
         tokens += measured.tokens
         for i, bound in new.items():
             pending[k + i] = bound
+
+
+def history_of(messages: Sequence[Any], meter: MessageMeter,
+               dialect: Dialect | None = None, resolve: bool = False) -> History:
+    """The history of ``messages`` on its own (for a strategy called without the engine's:
+    ``CompactionRequest.history`` is ``None``), its facts read with ``dialect`` (default:
+    the meter's), its pending counts counted with ``resolve``."""
+    cache = HistoryCache(meter)
+    history = cache.extend(messages)
+    if resolve:
+        history = cache.resolve(history)
+    if dialect is not None and dialect is not history.dialect:
+        history = replace(history, dialect=dialect)
+    return history
 
 
 def _common(a: list[Any], b: list[Any], k: int) -> int:

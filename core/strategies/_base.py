@@ -15,12 +15,12 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._events import DroppedItem
+from .._history import History, history_of
 from .._pins import pinned_texts
 
 if TYPE_CHECKING:
     import pluggy
 
-    from .._history import History
     from .._tokens import MessageMeter
     from ..dialects._base import Dialect
 
@@ -80,7 +80,7 @@ class CompactionRequest:
     """The engine's facts of the whole history the messages are a prefix of
     (``agentcompact._history.History``: digests, token counts, prefix sums, turn starts),
     so a strategy reads them instead of deriving them again; ``None`` for a request built
-    elsewhere (a strategy then derives what it needs from :attr:`messages`)."""
+    elsewhere (:attr:`known_history` then makes one of :attr:`messages`)."""
 
     def keeps(self, index: int) -> bool:
         """True when the engine itself sends ``messages[index]`` verbatim: render nothing
@@ -105,6 +105,15 @@ class CompactionRequest:
         the tool results or harness text beside it (``agentcompact._pins.pinned_texts``).
         A strategy quotes each piece verbatim; the engine checks it."""
         return pinned_texts(self.dialect, self.messages[index])
+
+    @cached_property
+    def known_history(self) -> History:
+        """:attr:`history`, or for a request built elsewhere the history of :attr:`messages`
+        on its own (``agentcompact._history.history_of``, made once): where a strategy
+        reads the per-message facts (role, parts, tool calls and results, turn starts)."""
+        if self.history is not None:
+            return self.history
+        return history_of(self.messages, self.meter, self.dialect)
 
     @cached_property
     def pins_possible(self) -> bool:

@@ -60,15 +60,12 @@ from .._archive import (
     open_archive,
 )
 from .._events import DroppedItem
-from .._interner import same_objects
 from .._markers import COMPACTION_HEADER
 from .._pins import split_injected
 from .._tokens import MESSAGE_OVERHEAD, MessageMeter, TiktokenCounter
 from ..dialects._base import (
-    Dialect,
     LineIndex,
     Part,
-    first_text_marked,
     line_index,
     truncation_pieces,
 )
@@ -166,9 +163,6 @@ class CliffStrategy:
     #: earlier cycles are rendered again at every compaction, at several levels)
     _blocks: _BlockCache = field(default_factory=lambda: _BlockCache(), init=False,
                                  compare=False, repr=False)
-    #: the calls, results and turn starts of the last history (:class:`_Scan`): the next
-    #: call's history extends it, so only the new messages are scanned
-    _scan: _Scan | None = field(default=None, init=False, compare=False, repr=False)
     #: the handles put into an in-memory archive (:meth:`_archive`)
     _stored: _Stored = field(default_factory=lambda: _Stored(None), init=False,
                              compare=False, repr=False)
@@ -206,7 +200,7 @@ class CliffStrategy:
         shared by engines of several tenants)."""
         key = current_handle_key()
         if key != self._keyed:
-            self._texts, self._blocks, self._scan = _TextCache(), _BlockCache(self.levels), None
+            self._texts, self._blocks = _TextCache(), _BlockCache(self.levels)
             self._keyed, self._carry = key, None
 
     def _compact(self, request: CompactionRequest) -> Rendered:
@@ -222,10 +216,10 @@ class CliffStrategy:
             carry = Carry(request.head_len, request.dialect)
         m = len(carry.items)
         items = list(carry.items)
-        _collect(request, self.carry_forward_human, self.carry_forward_calls, self._texts,
+        _collect(request, self.carry_forward_human, self.carry_forward_calls,
                  range(carry.upto, request.span_start), items)
         carried = len(items)  # the items of earlier cycles
-        _collect(request, self.carry_forward_human, self.carry_forward_calls, self._texts,
+        _collect(request, self.carry_forward_human, self.carry_forward_calls,
                  request.span(), items)
         history = request.history  # the engine's counts, when given
         new = items[m:]
@@ -234,14 +228,11 @@ class CliffStrategy:
             request.meter.measure([request.messages[it.index] for it in new]).tokens)
         self._texts.hold(len(request.messages), sum(measured))
         self._blocks.hold(len(items), sum(measured))
-        scan = self._scan = _Scan.of(request.dialect, request.messages, self._texts,
-                                     self._scan)
         call_items = _add_calls(dict(carry.call_items), items, m, carried)
         carried_calls = dict(call_items)
-        context = _Context.of(request, items, self._texts, self._blocks, scan,
+        context = _Context.of(request, items, self._texts, self._blocks,
                               _add_calls(call_items, items, carried, len(items)))
-        touched = carry.touched(request.messages, self._parts_of(request),
-                                context.superseded) if m else []
+        touched = carry.touched(*_parts_by_index(request), context.superseded) if m else []
         cols = Columns(carry.columns, m, len(items), touched)
         context.slots[:] = cols.get("slots", lambda p: context._entry(items[p]))
         rates = carry.rates + _token_rates(new, measured[m:])
@@ -314,10 +305,6 @@ class CliffStrategy:
             return (settings, *(frozenset(i for i in found if lo <= i < upto) for found in
                                 (request.kept, request.pins or (), request.unpinned)))
         return facts
-
-    def _parts_of(self, request: CompactionRequest) -> Callable[[Any], Sequence[Part]]:
-        facts, dialect = self._texts.facts, request.dialect
-        return lambda message: facts(dialect, message)[2]
 
     @staticmethod
     def _refit(request: CompactionRequest, context: _Context, choose: Any, budget: int,
@@ -564,28 +551,36 @@ class _Item:  # not frozen: a frozen dataclass's __init__ costs several times mo
     unpinned: bool = False  # a pin past the pin budget: never omitted, its skim line stays
 
 
+def _parts_by_index(request: CompactionRequest
+                    ) -> tuple[range, Callable[[int], Sequence[Part]]]:
+    """What :meth:`Carry.touched` reads, by index: the messages' indices and the parts of
+    the message at an index (``request.known_history``'s facts)."""
+    end = len(request.messages)
+    facts = request.known_history.facts(end)
+    return range(end), lambda i: facts[i][2]
+
+
 def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
-             cache: _TextCache | None = None, indices: Iterable[int] | None = None,
-             items: list[_Item] | None = None) -> list[_Item]:
+             indices: Iterable[int] | None = None, items: list[_Item] | None = None
+             ) -> list[_Item]:
     """The messages to render: the span, and from earlier cycles the pinned messages and
     (with ``carry``) the human ones (with ``carry_calls`` all the others too). A user
     message carrying tool results beside text is two items, its results (a tool item)
     and its text (a human one); a pin's item holds its pinned text alone (what the user
     typed: ``agentcompact._pins``), the rest of its message is an item of its own."""
-    dialect, messages, kept, span_start = (request.dialect, request.messages, request.kept,
-                                           request.span_start)
+    messages, kept, span_start = request.messages, request.kept, request.span_start
     pins = request.pins_possible
     found = request.pins  # the engine's (``pinned`` answers from them)
     pinned_at = request.pinned if found is None else found.__contains__
     unpinned = request.unpinned
     hooks = bool(request.pm.hook.agentcompact_render_message.get_hookimpls())
     items = [] if items is None else items  # (``indices``: of these messages, added to it)
-    facts = (cache or _TextCache()).facts
+    facts = request.known_history.facts(request.cut)  # role, synthetic, parts, tools
     if indices is None:
         indices = itertools.chain(request.earlier(), request.span())
     for i in indices:
         message = messages[i]
-        role, synthetic, parts, _ = facts(dialect, message)
+        role, synthetic, parts, _ = facts[i]
         if synthetic or i in kept:  # ``request.keeps(i)``
             continue  # never compact a compaction; the engine sends kept ones itself
         carried = i < span_start
@@ -594,7 +589,7 @@ def _collect(request: CompactionRequest, carry: bool, carry_calls: bool,
             carry and (role in _HUMAN_ROLES or carry_calls)
         ):
             continue  # earlier cycles: what is carried
-        override = _hook_render(request, message) if hooks else None
+        override = _hook_render(request, message, parts) if hooks else None
         for item_role, item_parts, item_pinned in _split(role, parts, pinned, override):
             if carried and not item_pinned and not any(p.text for p in item_parts):
                 continue  # ... with some text
@@ -637,13 +632,14 @@ def _split(role: str, parts: tuple[Part, ...], pinned: bool, override: Any
     return [(role, parts, pinned)]
 
 
-def _hook_render(request: CompactionRequest, message: Any) -> tuple[str, ...] | None:
+def _hook_render(request: CompactionRequest, message: Any, parts: Sequence[Part]
+                 ) -> tuple[str, ...] | None:
     result = request.pm.hook.agentcompact_render_message(
         message=message, dialect=request.dialect, settings={"strategy": "cliff"}
     )
     if result is None:
         return None
-    texts = [p.text for p in request.dialect.parts(message) if p.text]
+    texts = [p.text for p in parts if p.text]
     for piece in result:
         if not isinstance(piece, str) or not any(piece in t for t in texts):
             raise PluginError(
@@ -687,18 +683,19 @@ class _Context:
     @classmethod
     def of(cls, request: CompactionRequest, items: Sequence[_Item],
            texts: _TextCache | None = None, blocks: _BlockCache | None = None,
-           scan: _Scan | None = None, call_items: dict[str, int] | None = None
-           ) -> _Context:
-        """The context of ``request`` (``scan``: :meth:`_Scan.of` its messages); given
-        ``call_items`` (:func:`_add_calls` of ``items``), its ``slots`` are left to fill."""
+           call_items: dict[str, int] | None = None) -> _Context:
+        """The context of ``request`` (its calls, results and turn starts: from
+        ``request.known_history``); given ``call_items`` (:func:`_add_calls` of
+        ``items``), its ``slots`` are left to fill."""
         texts = texts or _TextCache()
-        if scan is None:
-            scan = _Scan.of(request.dialect, request.messages, texts)
-        order = scan.order
+        history = request.known_history
+        end = len(request.messages)
+        index = history.tool_index(end, _call_key)
+        order = index.order
         # the (key, ref) pairs of calls a later call with the same key superseded (set
         # operations: a long history has thousands of calls)
         superseded = frozenset(map(itemgetter(1), set(order).difference(dict(order).items())))
-        calls, results, starts = scan.calls, scan.results, scan.starts
+        calls, results, starts = index.calls, index.results, history.turn_starts(end)
         rendered = _add_calls({}, items, 0, len(items)) if call_items is None else call_items
         context = cls(starts, calls, results, superseded, rendered, texts,
                       _BlockCache() if blocks is None else blocks)
@@ -736,58 +733,6 @@ class _Context:
         return bisect.bisect_right(self.turn_starts, index)
 
 
-class _Scan:
-    """The calls, results and turn starts of a history, built on from the scan of a
-    history it extends (the engine is called with an append-only history: between calls
-    the messages of the last one are the same objects, followed by new ones). Never
-    changed once made (:meth:`of` makes a new one), so threads sharing a strategy can
-    share scans."""
-
-    __slots__ = ("calls", "dialect", "messages", "model", "order", "results", "starts")
-
-    def __init__(self, dialect: Any, messages: tuple[Any, ...],
-                 calls: dict[str, tuple[str, str]], results: dict[str, Part],
-                 order: list[tuple[str, str]], starts: tuple[int, ...], model: bool) -> None:
-        self.dialect, self.messages = dialect, messages
-        self.calls = calls  # call ref -> (tool name, arguments)
-        self.results = results  # call ref -> the result answering it
-        self.order = order  # (key, ref) of every call, in order
-        self.starts = starts  # turn starts (``split_turns(messages).starts``)
-        self.model = model  # whether the last message is model output
-
-    @classmethod
-    def of(cls, dialect: Any, messages: Sequence[Any], texts: _TextCache,
-           previous: _Scan | None = None) -> _Scan:
-        """The scan of ``messages``, from ``previous`` when they extend its messages."""
-        n = 0
-        if (previous is not None and previous.dialect is dialect
-                and len(previous.messages) <= len(messages)
-                and same_objects(previous.messages, messages) == len(previous.messages)):
-            n = len(previous.messages)
-            if n == len(messages):
-                return previous
-            calls, results = dict(previous.calls), dict(previous.results)
-            order, starts, model = list(previous.order), list(previous.starts), previous.model
-        else:
-            calls, results, order, starts, model = {}, {}, [], [], False
-        facts = texts.facts
-        is_model = dialect.is_model_output
-        for i in range(n, len(messages)):
-            message = messages[i]
-            for part in facts(dialect, message)[3]:
-                if part.kind == "tool_call":
-                    calls[part.ref] = (part.name, part.text)
-                    order.append((_call_key(part.name, part.text), part.ref))
-                elif part.kind == "tool_result":
-                    results[part.ref] = part
-            now = is_model(message)
-            if now and not model:
-                starts.append(i)
-            model = now
-        return cls(dialect, tuple(messages), calls, results, order, tuple(starts), model)
-
-
-_Facts = tuple[str, bool, tuple[Part, ...], tuple[Part, ...]]
 #: the caches' bounds for a history (``hold``): a message's parts each have a handle and
 #: a few truncations (one per cap), and each text is counted once per entry it keys, at
 #: about four characters a token, several times over
@@ -796,17 +741,15 @@ _CHARS_PER_TOKEN = 32
 
 
 class _TextCache:
-    """Handles, line indices and truncation pieces of texts, and the parts of messages,
-    bounded: emptied when it holds more than ``max_entries`` entries or ``max_chars``
-    characters of text (plain dict operations, so threads sharing a strategy at worst
-    compute a value twice)."""
+    """Handles, line indices and truncation pieces of texts, bounded: emptied when it
+    holds more than ``max_entries`` entries or ``max_chars`` characters of text (plain
+    dict operations, so threads sharing a strategy at worst compute a value twice)."""
 
     def __init__(self, max_entries: int = 8_192, max_chars: int = 8_000_000) -> None:
         self.max_entries, self.max_chars = max_entries, max_chars
         self._handles: dict[str, str] = {}
         self._pieces: dict[tuple[str, int, bool], tuple[Seg, ...]] = {}
         self._lines: dict[str, LineIndex] = {}
-        self._parts: dict[int, tuple[Any, Any, _Facts]] = {}
         self._chars = 0
 
     def hold(self, messages: int, tokens: int = 0) -> None:
@@ -816,28 +759,6 @@ class _TextCache:
         compute everything again each time: quadratic, and worse), never shrink."""
         self.max_entries = max(self.max_entries, _ENTRIES_PER_MESSAGE * messages)
         self.max_chars = max(self.max_chars, _CHARS_PER_TOKEN * tokens)
-
-    def facts(self, dialect: Any, message: Any) -> _Facts:
-        """The message's role, whether it is synthetic, its parts and its tool-call and
-        tool-result parts, kept by the message's identity (the engine takes messages as
-        immutable values; the entry holds the message, so its id stays its)."""
-        found = self._parts.get(id(message))
-        if found is not None and found[0] is message and found[1] is dialect:
-            return found[2]
-        parts = tuple(dialect.parts(message))
-        tools = tuple(p for p in parts if p.kind in ("tool_call", "tool_result"))
-        if tools and not (dialect.tool_call_ids(message) or dialect.tool_result_ids(message)):
-            tools = ()
-        role = dialect.role(message)
-        if type(dialect).is_synthetic is Dialect.is_synthetic:  # from the parts at hand
-            synthetic = role == "user" and first_text_marked(parts)
-        else:
-            synthetic = dialect.is_synthetic(message)
-        facts = (role, synthetic, parts, tools)
-        if len(self._parts) >= self.max_entries:
-            self._parts = {}
-        self._parts[id(message)] = (message, dialect, facts)
-        return facts
 
     def _room(self, text: str) -> None:
         self._chars += len(text)

@@ -42,10 +42,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._events import DroppedItem
+from .._history import history_of
 from .._markers import COMPACTION_HEADER, SUMMARY_HEADER
 from .._summarizer import AsyncSession, CallInfo, Summarizer, SyncSession
 from .._tokens import MESSAGE_OVERHEAD
-from .._turns import split_turns
 from ..errors import AgentCompactError, CompactionError, ConfigError, SummarizerError
 from ._base import CompactionRequest, Rendered
 from ._cliff import CliffStrategy
@@ -202,14 +202,12 @@ class ParallelStrategy:
         if budget < self.min_block_output_tokens:
             raise CompactionError(f"parallel: budget {budget} tokens is below "
                                   f"min_block_output_tokens={self.min_block_output_tokens}")
-        history = request.history
-        if history is not None:  # the engine's facts of the history
-            digests, tokens = history.digests[: request.cut], history.tokens[: request.cut]
-            starts = history.turn_starts(request.cut)
-        else:
-            measured = request.meter.measure(request.messages[: request.cut])
-            digests, tokens = measured.digests, measured.tokens
-            starts = split_turns(request.messages[: request.cut], request.dialect).starts
+        history = request.history  # the engine's facts of the history, else the span's own
+        if history is None:
+            history = history_of(request.messages[: request.cut], request.meter,
+                                 request.dialect, resolve=True)
+        digests, tokens = history.digests[: request.cut], history.tokens[: request.cut]
+        starts = history.turn_starts(request.cut)
         ctx = _Context(request, digests, tokens, self._prompt_id(request))
         units = _units(starts, request.head_len, request.cut, tokens)
         earlier = [u for u in units if u[1] <= request.span_start]

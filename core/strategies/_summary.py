@@ -50,7 +50,7 @@ from .._events import DroppedItem
 from .._markers import SUMMARY_HEADER
 from .._summarizer import AsyncSession, CallInfo, Summarizer, SummarizerOverflow, SyncSession
 from .._tokens import MESSAGE_OVERHEAD, TokenCounter
-from ..dialects._base import head_tail
+from ..dialects._base import Part, head_tail
 from ..errors import CompactionError, ConfigError, PluginError, SummarizerError
 from ._base import CompactionRequest, Rendered
 
@@ -110,12 +110,12 @@ class Entry:
     earlier: bool = False
 
 
-def _render(dialect: Any, message: Any, role: str, pinned: bool = False) -> tuple[str, bool]:
-    """The transcript text of ``message``, and whether it holds human text (with ``pinned``:
-    without its text parts, quoted verbatim beside the summary)."""
+def _render(parts: Sequence[Part], role: str, pinned: bool = False) -> tuple[str, bool]:
+    """The transcript text of a message of ``parts``, and whether it holds human text (with
+    ``pinned``: without its text parts, quoted verbatim beside the summary)."""
     lines: list[str] = []
     human = False
-    for part in dialect.parts(message):
+    for part in parts:
         if pinned and part.kind == "text":
             continue
         if part.kind == "text" and part.text:
@@ -136,17 +136,16 @@ def summary_entries(request: CompactionRequest, indices: Sequence[int]) -> list[
     """Transcript entries of the original messages at ``indices`` (synthetic messages
     skipped: a compaction is never summarized; of a pinned message, what shares it with
     its pinned text: the tool results beside a rule, quoted verbatim apart)."""
-    dialect = request.dialect
+    facts = request.known_history.facts(len(request.messages))
     out: list[Entry] = []
     for i in indices:
-        message = request.messages[i]
-        if dialect.is_synthetic(message):
+        role, synthetic, parts, _ = facts[i]
+        if synthetic:
             continue
         pinned = request.pinned(i)
-        if pinned and not any(p.kind == "text" and p.text for p in dialect.parts(message)):
+        if pinned and not any(p.kind == "text" and p.text for p in parts):
             continue  # its whole text is pinned
-        role = dialect.role(message)
-        text, human = _render(dialect, message, role, pinned)
+        text, human = _render(parts, role, pinned)
         if text:
             out.append(Entry(i, role, text, human, i < request.span_start))
     return out
@@ -155,11 +154,11 @@ def summary_entries(request: CompactionRequest, indices: Sequence[int]) -> list[
 def pinned_block(request: CompactionRequest) -> str:
     """The pinned text of the span's pins (``CompactionRequest.pinned_text``), each pin as
     ``[pinned message, verbatim]`` and its pieces, for the end of a summary message."""
-    dialect = request.dialect
+    facts = request.known_history.facts(request.cut)
     return "".join(
         "\n\n[pinned message, verbatim]\n" + "\n".join(request.pinned_text(i))
         for i in range(request.head_len, request.cut)
-        if not dialect.is_synthetic(request.messages[i]) and request.pinned(i))
+        if not facts[i][1] and request.pinned(i))
 
 
 def _tokens(counter: TokenCounter, texts: Sequence[str]) -> int:

@@ -2,10 +2,10 @@
 
 Renderings are kept across calls (``_BlockCache``), levels are skipped on lower bounds of
 the sizes (``_min_chars``) and the message's tokens are summed from counts of its
-renderings (``_counted``), the history's calls and turns are scanned on from the last
-call's (``_Scan``) and the engine hands its pins over (``CompactionRequest.pins``): each
-test compares against the plain computation (a fresh
-strategy, the rendered text, one count of the whole text).
+renderings (``_counted``), the history's per-message facts, calls and turns are derived
+on from the last call's (``History.facts``, ``History.tool_index``) and the engine hands its
+pins over (``CompactionRequest.pins``): each test compares against the plain computation
+(a fresh strategy or history, the rendered text, one count of the whole text).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from agentcompact import Budget, Engine, get_dialect, hookimpl, new_plugin_manager, split_turns
 from agentcompact._archive import MemoryArchive
+from agentcompact._history import History, HistoryCache, history_of
 from agentcompact._tokens import MessageMeter, TiktokenCounter
 from agentcompact.dialects._base import Part
 from agentcompact.strategies import CompactionRequest, Rendered
@@ -27,10 +28,10 @@ from agentcompact.strategies._cliff import (
     DEFAULT_LEVELS,
     CliffStrategy,
     _BlockCache,
+    _call_key,
     _collect,
     _Context,
     _min_chars,
-    _Scan,
     _TextCache,
 )
 
@@ -222,33 +223,41 @@ def test_the_block_cache_is_bounded_by_entries_and_characters() -> None:
     assert len(cache._entries) <= 3
 
 
-def scan_fields(scan: _Scan) -> tuple[Any, ...]:
-    return scan.calls, scan.results, scan.order, scan.starts, scan.model
+def facts_fields(history: History, end: int) -> tuple[Any, ...]:
+    index = history.tool_index(end, _call_key)
+    return (index.calls, index.results, index.order, history.turn_starts(end),
+            list(history.facts(end)[:end]))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(msgs=histories(), data=st.data())
-def test_a_scan_built_on_is_the_scan_of_the_whole_history(msgs: list[Any], data: Any) -> None:
-    """``_Scan.of`` from the scan of a shorter history: the same calls, results, call
-    order and turn starts as a scan from scratch; a history that does not extend it (a
-    message replaced, or shorter) is scanned afresh."""
+def test_facts_built_on_are_the_facts_of_the_whole_history(msgs: list[Any], data: Any) -> None:
+    """The per-message facts and the tool index of a history extended from a shorter
+    one's (shared, filled on first read, read at several lengths): the same roles, parts,
+    calls, results, call order and turn starts as a history made afresh; a history that
+    does not extend it (a message replaced, or shorter) keeps what it shares only."""
     dialect = get_dialect("openai_chat", new_plugin_manager())
-    texts = _TextCache()
+    meter = MessageMeter(TiktokenCounter("o200k_base"), dialect)
+    cache = HistoryCache(meter)
     ends = sorted(data.draw(st.lists(st.integers(0, len(msgs)), max_size=6)))
-    scan = None
+    history = None
     for end in [*ends, len(msgs)]:
-        scan = _Scan.of(dialect, msgs[:end], texts, scan)
-        fresh = _Scan.of(dialect, msgs[:end], _TextCache())
-        assert scan_fields(scan) == scan_fields(fresh)
-        assert scan.starts == split_turns(msgs[:end], dialect).starts
+        older, history = history, cache.extend(msgs[:end])
+        for at in (data.draw(st.integers(0, end)), end):
+            assert facts_fields(history, at) == facts_fields(history_of(msgs[:at], meter), at)
+        assert history.turn_starts(end) == split_turns(msgs[:end], dialect).starts
+        if older is not None:  # an older history sharing the lists reads what it read
+            n = len(older)
+            assert facts_fields(older, n) == facts_fields(history_of(msgs[:n], meter), n)
     k = data.draw(st.integers(0, len(msgs) - 1))
     other = [*msgs[:k], {**msgs[k]}, *msgs[k + 1:]]  # equal, but another object
     other[k]["content"] = "replaced"
     if msgs[k].get("tool_calls"):
         other[k]["tool_calls"] = [{**msgs[k]["tool_calls"][0], "id": "new-ref"}]
-    for history in (other, msgs[:k]):
-        assert scan_fields(_Scan.of(dialect, history, texts, scan)) == scan_fields(
-            _Scan.of(dialect, history, _TextCache()))
+    for changed in (other, msgs[:k]):
+        n = len(changed)
+        assert facts_fields(cache.extend(changed), n) == facts_fields(
+            history_of(changed, meter), n)
 
 
 class Pin:
