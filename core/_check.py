@@ -160,7 +160,7 @@ def compaction_event(history: History, plan: Plan, checked: Checked | None, erro
     after = State(entry).tokens_at(history, plan.c) if entry is not None else plan.before
     if entry is not None:
         for idx, (_, _, tokens) in sorted(entry.overrides.items()):
-            dropped.append(DroppedItem(idx, history.dialect.role(history.messages[idx]),
+            dropped.append(DroppedItem(idx, history.role(idx),
                                        "truncated", history.tokens[idx] - tokens))
     n = len(history.messages)
     n_after = (plan.head_len + len(entry.kept) + (entry.message is not None) + n - plan.cut

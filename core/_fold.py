@@ -75,7 +75,7 @@ def fold(history: History, entry: PrefixEntry, n: int, *, strategy: str, limit: 
         copy, size = shrink(history, msgs[i], tokens[i], FOLD_TOKENS)
         if copy is not msgs[i] and size < tokens[i]:
             overrides[i] = (digest, copy, size)
-            dropped.append(DroppedItem(i, dialect.role(msgs[i]), "truncated",
+            dropped.append(DroppedItem(i, history.role(i), "truncated",
                                        tokens[i] - size, "tool_result"))
     length = _read_at(history, entry, n)
     folded = replace(entry, overrides=overrides, folds=(), length=length)

@@ -199,6 +199,14 @@ class History:
         self._facts.upto(self.messages, self.dialect, end)
         return self._facts.facts
 
+    def role(self, i: int) -> str:
+        """The role of ``messages[i]`` (its :data:`MessageFacts`)."""
+        return self.facts(i + 1)[i][0]
+
+    def synthetic(self, i: int) -> bool:
+        """Whether ``messages[i]`` is synthetic (a compaction message fed back in)."""
+        return self.facts(i + 1)[i][1]
+
     def tool_index(self, end: int, key: Callable[[str, str], Any]) -> ToolIndex:
         """The :class:`ToolIndex` of ``messages[:end]``, calls keyed by ``key(name,
         arguments)`` (calls with one key supersede each other)."""

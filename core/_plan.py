@@ -153,7 +153,7 @@ def plan(history: History, entry: PrefixEntry | None, budget: Budget, pins: PinL
     if not turn_starts:
         return None
     head_len = turn_starts[0]
-    while head_len > 0 and dialect.is_synthetic(msgs[head_len - 1]):
+    while head_len > 0 and history.synthetic(head_len - 1):
         head_len -= 1
     prev_cut = entry.cut if entry else turn_starts[0]
     cuts = [*turn_starts[bisect.bisect_right(turn_starts, prev_cut):], c]  # cuts[-1-r]
@@ -288,7 +288,7 @@ def _foldable(history: History, start: int, c: int, pins: Sequence[int]) -> list
     msgs, dialect = history.messages, history.dialect
     return [i for i in range(start, c) if history.tokens[i] > TRUNCATABLE_TOKENS
             and i not in pins and not kept_type(dialect, msgs[i])
-            and dialect.role(msgs[i]) == "tool"]
+            and history.role(i) == "tool"]
 
 
 def shrink_tail(history: History, cut: int, c: int, excess: int, *, tool_only: bool,
@@ -312,7 +312,7 @@ def shrink_tail(history: History, cut: int, c: int, excess: int, *, tool_only: b
                     break
                 if tokens[i] <= TRUNCATABLE_TOKENS or kept_type(dialect, msgs[i]):
                     continue
-                if tool_only and dialect.role(msgs[i]) != "tool":
+                if tool_only and history.role(i) != "tool":
                     continue
                 keep_tokens = max(TRUNCATABLE_TOKENS // 2, current - excess)
                 copy, new_tokens = shrink(history, msgs[i], tokens[i], keep_tokens)
