@@ -55,6 +55,9 @@ def test_tiktoken_counts_are_encode_ordinary_lengths(encoding: str) -> None:
     assert [counter.count_texts([t])[0] for t in texts] == [
         len(reference.encode_ordinary(t)) for t in texts]
     assert counter.count_texts(texts) == [len(reference.encode_ordinary(t)) for t in texts]
+    # over a million characters: counted by runs of texts in threads, in order
+    many = [f"{i} {t}" if i % 5 else "" for i, t in enumerate(texts * 4)] + ["x, y " * 250_000]
+    assert counter.count_texts(many) == [len(reference.encode_ordinary(t)) for t in many]
 
 
 def test_chars_estimate() -> None:
