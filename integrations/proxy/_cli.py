@@ -8,6 +8,7 @@ variable (flags win); see ``docs/proxy.md``.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -174,6 +175,21 @@ def _options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+#: the collector's thresholds in the proxy process (Python's default: 700, 10, 10)
+GC_THRESHOLDS = (50_000, 20, 10)
+
+
+def tune_gc() -> None:
+    """Set up the proxy process's garbage collector as long-running servers do: what was
+    loaded at start is frozen (never scanned again), and young collections come every
+    50,000 allocations, not 700. A long history's first request allocates millions of
+    objects that live through its compaction; with the defaults the collector scanned
+    them again and again (a quarter of the time of an 8,000-turn history's first
+    request, and growing faster than the history)."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve the proxy until interrupted; returns the exit status."""
     import uvicorn
@@ -194,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("agentcompact proxy on http://%s:%d (%s, strategy=%s, trigger=%d tokens)",
              config.host, sock.getsockname()[1], mode, config.strategy_settings.name,
              config.budget.trigger)
+    tune_gc()
     uvicorn.Server(server_config(app, config.host, config.port,
                                  keep_alive=config.keep_alive)).run(sockets=[sock])
     return 0

@@ -81,3 +81,18 @@ def test_the_proxy_command_says_one_line_and_exits_2(
     assert run(parser.parse_args(argv)) == 2
     err = capsys.readouterr().err.strip()
     assert names in err and len(err.splitlines()) == 1 and "hunter2" not in err
+
+
+def test_the_proxy_process_freezes_what_it_loaded_and_collects_young_objects_less_often(
+) -> None:
+    """``agentcompact proxy`` tunes its own process's collector (in a child process
+    here: the test process's collector stays as it is)."""
+    import subprocess
+    import sys
+
+    code = ("import gc; from agentcompact.integrations.proxy._cli import tune_gc, "
+            "GC_THRESHOLDS; before = gc.get_threshold(); tune_gc(); "
+            "print(before, gc.get_threshold() == GC_THRESHOLDS, gc.get_freeze_count() > 1000)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    assert out == ["(700,", "10,", "10)", "True", "True"]
