@@ -42,10 +42,10 @@ class _Recording(MemoryArchive):
 
     def put_many(self, items: Iterable[ArchivedItem]) -> None:
         items = list(items)
-        seen = set(self._scopes.get("", {}))
+        stored, new = self._scopes.get("", {}), set()
         for item in items:
-            if item.handle not in seen:
-                seen.add(item.handle)
+            if item.handle not in stored and item.handle not in new:
+                new.add(item.handle)
                 self._h.update(orjson.dumps([item.handle, item.text, item.skim]))
         super().put_many(items)
 

@@ -99,8 +99,7 @@ class TiktokenCounter:
                                "encode_to_tiktoken_buffer", None)
 
     def count_texts(self, texts: Sequence[str]) -> list[int]:
-        workers = _workers()
-        if workers > 1 and len(texts) > 16 and sum(map(len, texts)) > 1_000_000:
+        if len(texts) > 16 and sum(map(len, texts)) > 1_000_000 and (workers := _workers()) > 1:
             # tiktoken encodes without the GIL: a few threads, each counting a run of
             # texts (``encode_ordinary_batch`` makes one task and one list of ids per
             # text: on a 16,000-message history its tasks' handoffs cost more than the

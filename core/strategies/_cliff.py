@@ -267,9 +267,9 @@ class CliffStrategy:
             lean = cols.get(("block", top), lambda p: self._block(request, context, items[p],
                                                                   top))
             skimmed = cols.get("skimmed", lambda p: lean[p].skimmed)
-            since, again = 0, touched
+            since, again = 0, ()  # what earlier crossings offered: not again
             if carry.offered is not None and carry.offered[0] is self.archive:
-                since, again = m, [*carry.offered[1], *touched]
+                since, again = m, (*carry.offered[1], *touched)
             originals = _originals(blocks, forms, placed[0], skimmed, since, again)
             offered = placed[0]
         self._archive(request, blocks, forms, originals)
@@ -508,7 +508,7 @@ class CliffStrategy:
             out = originals
         else:
             for block, form in zip(blocks, forms):
-                out += block.archived if form == _FULL else block.skimmed
+                out += _put_of(block, form)
         out += _tail_items(request)
         stored = self._stored
         if type(archive) is not MemoryArchive:
@@ -1358,21 +1358,22 @@ def _originals(blocks: Sequence[_Block], forms: Sequence[int], placed: Sequence[
     shown = set(placed)
     out: list[ArchivedItem] = []
     for p in sorted(shown.union(again).difference(range(since, len(skimmed)))):
-        if p in shown:
-            out += blocks[p].archived if forms[p] == _FULL else blocks[p].skimmed
-        else:
-            out += skimmed[p]
-    rest = skimmed[since:]
-    every = list(itertools.chain.from_iterable(rest))
-    starts = list(itertools.accumulate(map(len, rest), initial=0))
-    done = 0
-    for p in sorted(q - since for q in shown if q >= since):
-        out += every[starts[done]:starts[p]]
-        out += blocks[p + since].archived if forms[p + since] == _FULL \
-            else blocks[p + since].skimmed
+        out += _put_of(blocks[p], forms[p]) if p in shown else skimmed[p]
+    every = list(itertools.chain.from_iterable(skimmed[since:]))
+    starts = list(itertools.accumulate(map(len, skimmed[since:]), initial=0))
+    done = since  # the items before ``done`` are in ``out``
+    for p in sorted(q for q in shown if q >= since):
+        out += every[starts[done - since]:starts[p - since]]
+        out += _put_of(blocks[p], forms[p])
         done = p + 1
-    out += every[starts[done]:]
+    out += every[starts[done - since]:]
     return out
+
+
+def _put_of(block: _Block, form: int) -> list[ArchivedItem]:
+    """The originals of an item shown as ``form`` the archive is given (those of what the
+    full rendering leaves out or cuts; of every part, skimmed)."""
+    return block.archived if form == _FULL else block.skimmed
 
 
 def _report_placed(items: Sequence[_Item], tokens: Sequence[int], blocks: Sequence[_Block],
