@@ -72,6 +72,9 @@ def build_server(archive: Any, page_chars: int = DEFAULT_PAGE_CHARS,
     ``archive`` names: a SQLite file, a store URL (``sqlite:///PATH``,
     ``redis://HOST:PORT``), or an archive object."""
     found = open_archive(archive)
+    if found is None:
+        raise ConfigError("the expand server needs an archive: a SQLite path, a store URL "
+                          "or an Archive object, not False")
     view = found.for_tenant(tenant) if hasattr(found, "for_tenant") else found
     expand, search_dropped = _functions(view, page_chars)
     server = _server_class()("agentcompact", instructions=_INSTRUCTIONS)

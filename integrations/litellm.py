@@ -41,7 +41,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import pluggy
 from litellm.integrations.custom_logger import CustomLogger
@@ -278,6 +278,10 @@ def _from_env() -> CompactionCallback:
     return CompactionCallback(**options)
 
 
+@overload
+def _int_env(name: str, default: int) -> int: ...
+@overload
+def _int_env(name: str, default: None) -> int | None: ...
 def _int_env(name: str, default: int | None) -> int | None:
     raw = os.environ.get(name)
     if raw is None or not raw.strip():

@@ -292,7 +292,7 @@ def train_on(model: Any, optimizer: torch.optim.Optimizer, rows: Sequence[dict[s
             loss = policy_loss_from_hidden(hidden, model.lm_head.weight, batch,
                                            old_logprobs=old_logprobs,
                                            vocab_chunk=4096)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call, unused-ignore]  # torch's own
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

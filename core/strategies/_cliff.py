@@ -267,7 +267,8 @@ class CliffStrategy:
             lean = cols.get(("block", top), lambda p: self._block(request, context, items[p],
                                                                   top))
             skimmed = cols.get("skimmed", lambda p: lean[p].skimmed)
-            since, again = 0, ()  # what earlier crossings offered: not again
+            since: int = 0
+            again: tuple[int, ...] = ()  # what earlier crossings offered: not again
             if carry.offered is not None and carry.offered[0] is self.archive:
                 since, again = m, (*carry.offered[1], *touched)
             originals = _originals(blocks, forms, placed[0], skimmed, since, again)

@@ -166,7 +166,7 @@ def to_chat_tools(tools: Any) -> list[dict[str, Any]] | None:
         if "function" in tool:
             out.append(tool)
         elif "input_schema" in tool or tool.get("type") == "function" or "name" in tool:
-            params = next((tool[k] for k in _SCHEMA_KEYS if tool.get(k) is not None), {})
+            params: Any = next((tool[k] for k in _SCHEMA_KEYS if tool.get(k) is not None), {})
             fn = {"name": tool.get("name", ""), "description": tool.get("description", ""),
                   "parameters": params}
             out.append({"type": "function", "function": fn})

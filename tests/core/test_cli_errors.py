@@ -216,6 +216,14 @@ def test_run_help_gives_its_own_port_default(capsys: pytest.CaptureFixture[str])
     assert "--port PORT port (default 0: any free port)" in out and "8719" not in out
 
 
+def test_the_expand_server_without_an_archive_names_what_it_needs() -> None:
+    from agentcompact.errors import ConfigError
+    from agentcompact.integrations._mcp_server import build_server
+
+    with pytest.raises(ConfigError, match="needs an archive: a SQLite path"):
+        build_server(False)  # no archive (as a strategy's archive=False): nothing to serve
+
+
 def test_mcp_with_a_bad_store_url_is_one_line() -> None:
     pytest.importorskip("mcp")
     done = _cli("mcp", "--store", "rediss:/h:1")
