@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import multiprocessing
 import random
 import re
@@ -310,9 +311,12 @@ def _by(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> 
 
 
 def _shortfalls(results: list[dict[str, Any]]) -> list[str]:
-    """Cells (family x band x kind, and each of them alone) where agentcompact keeps fewer."""
+    """Cells (family x band x kind, and each of them alone) where agentcompact keeps fewer,
+    with the paired counts (canaries only agentcompact keeps / only CliffCompaction keeps)
+    and McNemar's exact two-sided p: how often a difference this large in either direction
+    comes from canaries that either engine keeps with even odds."""
     rows = _rows(results)
-    cells: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0, 0])
+    cells: dict[tuple[str, ...], list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for r in rows:
         for key in (("kind", r["kind"]), ("family", r["family"], r["kind"]),
                     ("band", r["band"], r["kind"]), ("family", r["family"]),
@@ -321,8 +325,19 @@ def _shortfalls(results: list[dict[str, Any]]) -> list[str]:
             cell[0] += r["ours"]
             cell[1] += r["peer"]
             cell[2] += 1
-    return [f"{' / '.join(k)}: {a}/{n} vs {b}/{n}" for k, (a, b, n) in sorted(cells.items())
-            if a < b]
+            cell[3] += r["ours"] and not r["peer"]
+            cell[4] += r["peer"] and not r["ours"]
+    return [f"{' / '.join(k)}: {a}/{n} vs {b}/{n} (alone {x} / {y}, p {_mcnemar(x, y):.2f})"
+            for k, (a, b, n, x, y) in sorted(cells.items()) if a < b]
+
+
+def _mcnemar(x: int, y: int) -> float:
+    """Exact two-sided McNemar p for ``x`` and ``y`` discordant pairs."""
+    n = x + y
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(x, y) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 
 
 def report(results: list[dict[str, Any]], runs_by_half: dict[str, list[str]]) -> str:

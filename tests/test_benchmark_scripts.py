@@ -113,6 +113,24 @@ def test_fidelity_canaries_prints_both_halves() -> None:
     assert {"path", "command", "number", "error", "decision", "rule", "safety"} <= kinds
 
 
+def test_fidelity_shortfalls_carry_the_paired_counts_and_p(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """A cell where agentcompact keeps fewer canaries is printed with the canaries only
+    each engine keeps and McNemar's exact p (0 vs 3 alone: 2 x 1/8)."""
+    pytest.importorskip("cliffcompaction")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import fidelity_canaries as fc
+
+    assert fc._mcnemar(0, 3) == 0.25 and fc._mcnemar(3, 0) == 0.25
+    assert round(fc._mcnemar(4, 7), 3) == 0.549  # 2 x (1 + 11 + 55 + 165 + 330) / 2^11
+    assert fc._mcnemar(0, 0) == fc._mcnemar(6, 6) == 1.0
+    kept = [(True, True), (False, True), (False, True), (False, True), (False, False)]
+    canaries = [{"kind": "path", "ours": a, "peer": b} for a, b in kept]
+    result = {"family": "claude-code", "tokens": 80_000, "key": "k", "canaries": canaries}
+    assert ("kind / path: 1/5 vs 4/5 (alone 0 / 3, p 0.25)"
+            in fc._shortfalls([result]))
+
+
 @pytest.mark.network
 def test_proxy_faults_prints_every_figure() -> None:
     """``benchmarks/proxy_faults.py`` with small settings: a 3 s lock, a 10 MB answer,
