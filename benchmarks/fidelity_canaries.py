@@ -62,6 +62,7 @@ from _fidelity_plant import HALVES, KINDS, Run, plant, runs, sources  # noqa: E4
 TRIGGERS = (6_000, 12_000, 24_000, 60_000)
 _HANDLE = re.compile(r"ac-[0-9a-f]{12}")
 _BANDS = ((50_000, "<50k"), (150_000, "50k-150k"), (500_000, "150k-500k"), (10**12, ">=500k"))
+_RESAMPLES = 2_000  # bootstrap resamples of the runs for the intervals of recall and cost
 _AFTER = ((0, "0"), (1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (10**9, "9+"))
 
 
@@ -276,6 +277,11 @@ def _summary(results: list[dict[str, Any]]) -> list[str]:
            f"recall in context: agentcompact {_sums(results, 'ours', 'present') / needed:.3f}"
            f" (one expand away {_sums(results, 'ours', 'reachable') / needed:.3f}), "
            f"CliffCompaction {theirs:.3f} ({int(needed)} items needed)"]
+    low, high = _interval(results, _recall_gap)
+    out.append(f"recall gap (agentcompact - CliffCompaction) {_recall_gap(results):+.3f}, "
+               f"95% interval {low:+.3f} to {high:+.3f}; cost ratio 95% interval "
+               "{:.3f} to {:.3f} ({} bootstrap resamples of the runs, their seeds together)"
+               .format(*_interval(results, _cost_ratio), _RESAMPLES))
     over = [r for r in results if r["peer"]["peak"] > max(r["trigger"], r["ours"]["peak"])]
     ours_peak = max(r["ours"]["peak"] / r["trigger"] for r in results)
     peer_peak = max(r["peer"]["peak"] / r["trigger"] for r in results)
@@ -291,6 +297,29 @@ def _summary(results: list[dict[str, Any]]) -> list[str]:
                f"{int(_sums(results, 'ours', 'errors'))}), CliffCompaction "
                f"{int(_sums(results, 'peer', 'compactions'))}")
     return out
+
+
+def _recall_gap(results: list[dict[str, Any]]) -> float:
+    ours = _sums(results, "ours", "present") / max(_sums(results, "ours", "needed"), 1)
+    return ours - _sums(results, "peer", "present") / max(_sums(results, "peer", "needed"), 1)
+
+
+def _cost_ratio(results: list[dict[str, Any]]) -> float:
+    return _sums(results, "ours", "cost") / max(_sums(results, "peer", "cost"), 1)
+
+
+def _interval(results: list[dict[str, Any]], figure: Callable[[list[dict[str, Any]]], float]
+              ) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of ``figure`` over resamples of the runs (with
+    replacement; a run's seeds go together, they replay the same sessions): seeded."""
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        runs[r["key"]].append(r)
+    groups = [runs[k] for k in sorted(runs)]
+    rng = random.Random(0)
+    values = sorted(figure([r for g in rng.choices(groups, k=len(groups)) for r in g])
+                    for _ in range(_RESAMPLES))
+    return values[int(0.025 * _RESAMPLES)], values[int(0.975 * _RESAMPLES) - 1]
 
 
 def _by(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> list[str]:

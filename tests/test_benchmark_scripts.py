@@ -100,6 +100,9 @@ def test_fidelity_canaries_prints_both_halves() -> None:
                          section, re.M), section
         assert re.search(r"^recall in context: agentcompact \d\.\d{3} \(one expand away "
                          r"\d\.\d{3}\), CliffCompaction \d\.\d{3}", section, re.M), section
+        assert re.search(r"^recall gap \(agentcompact - CliffCompaction\) [+-]\d\.\d{3}, 95% "
+                         r"interval [+-]\d\.\d{3} to [+-]\d\.\d{3}; cost ratio 95% interval "
+                         r"\d\.\d{3} to \d\.\d{3} ", section, re.M), section
         peak = re.search(r"^largest request / trigger: agentcompact ([\d.]+), CliffCompaction "
                          r"[\d.]+ \(calibrated; (\d+) runs over the matched peak\)$",
                          section, re.M)
