@@ -269,19 +269,31 @@ def _sums(results: list[dict[str, Any]], side: str, key: str) -> float:
     return sum(r[side][key] or 0 for r in results)
 
 
+def _recall(results: list[dict[str, Any]], side: str, key: str = "present") -> float:
+    """The share of ``side``'s needed items present (``key="reachable"``: one expand away)."""
+    return _sums(results, side, key) / max(_sums(results, side, "needed"), 1)
+
+
+def _recall_gap(results: list[dict[str, Any]]) -> float:
+    return _recall(results, "ours") - _recall(results, "peer")
+
+
+def _cost_ratio(results: list[dict[str, Any]]) -> float:
+    return _sums(results, "ours", "cost") / max(_sums(results, "peer", "cost"), 1)
+
+
 def _summary(results: list[dict[str, Any]]) -> list[str]:
-    ratio = _sums(results, "ours", "cost") / max(_sums(results, "peer", "cost"), 1)
-    needed = _sums(results, "ours", "needed")
-    theirs = _sums(results, "peer", "present") / max(_sums(results, "peer", "needed"), 1)
-    out = [f"cost with caching, agentcompact / CliffCompaction: {ratio:.3f}",
-           f"recall in context: agentcompact {_sums(results, 'ours', 'present') / needed:.3f}"
-           f" (one expand away {_sums(results, 'ours', 'reachable') / needed:.3f}), "
-           f"CliffCompaction {theirs:.3f} ({int(needed)} items needed)"]
-    low, high = _interval(results, _recall_gap)
+    needed = int(_sums(results, "ours", "needed"))
+    out = [f"cost with caching, agentcompact / CliffCompaction: {_cost_ratio(results):.3f}",
+           f"recall in context: agentcompact {_recall(results, 'ours'):.3f} (one expand away "
+           f"{_recall(results, 'ours', 'reachable'):.3f}), CliffCompaction "
+           f"{_recall(results, 'peer'):.3f} ({needed} items needed)"]
+    gap_low, gap_high = _interval(results, _recall_gap)
+    cost_low, cost_high = _interval(results, _cost_ratio)
     out.append(f"recall gap (agentcompact - CliffCompaction) {_recall_gap(results):+.3f}, "
-               f"95% interval {low:+.3f} to {high:+.3f}; cost ratio 95% interval "
-               "{:.3f} to {:.3f} ({} bootstrap resamples of the runs, their seeds together)"
-               .format(*_interval(results, _cost_ratio), _RESAMPLES))
+               f"95% interval {gap_low:+.3f} to {gap_high:+.3f}; cost ratio 95% interval "
+               f"{cost_low:.3f} to {cost_high:.3f} ({_RESAMPLES} bootstrap resamples of the "
+               "runs, their seeds together)")
     over = [r for r in results if r["peer"]["peak"] > max(r["trigger"], r["ours"]["peak"])]
     ours_peak = max(r["ours"]["peak"] / r["trigger"] for r in results)
     peer_peak = max(r["peer"]["peak"] / r["trigger"] for r in results)
@@ -297,15 +309,6 @@ def _summary(results: list[dict[str, Any]]) -> list[str]:
                f"{int(_sums(results, 'ours', 'errors'))}), CliffCompaction "
                f"{int(_sums(results, 'peer', 'compactions'))}")
     return out
-
-
-def _recall_gap(results: list[dict[str, Any]]) -> float:
-    ours = _sums(results, "ours", "present") / max(_sums(results, "ours", "needed"), 1)
-    return ours - _sums(results, "peer", "present") / max(_sums(results, "peer", "needed"), 1)
-
-
-def _cost_ratio(results: list[dict[str, Any]]) -> float:
-    return _sums(results, "ours", "cost") / max(_sums(results, "peer", "cost"), 1)
 
 
 def _interval(results: list[dict[str, Any]], figure: Callable[[list[dict[str, Any]]], float]
@@ -331,11 +334,9 @@ def _by(results: list[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> 
     for name in sorted(groups):
         g = groups[name]
         rows = _rows(g)
-        n = max(_sums(g, "ours", "needed"), 1)
         out.append(f"| {name} | {len(g)} | {_rate(rows, 'ours')} / {_rate(rows, 'peer')} | "
-                   f"{_sums(g, 'ours', 'present') / n:.3f} / "
-                   f"{_sums(g, 'peer', 'present') / max(_sums(g, 'peer', 'needed'), 1):.3f} | "
-                   f"{_sums(g, 'ours', 'cost') / max(_sums(g, 'peer', 'cost'), 1):.3f} |")
+                   f"{_recall(g, 'ours'):.3f} / {_recall(g, 'peer'):.3f} | "
+                   f"{_cost_ratio(g):.3f} |")
     return out
 
 
